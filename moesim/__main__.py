@@ -1,0 +1,5 @@
+"""`python -m moesim` runs the CLI."""
+
+from moesim.cli import entry
+
+entry()

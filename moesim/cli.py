@@ -1,0 +1,161 @@
+"""The `moesim` command line: parses arguments, calls the packages, renders results.
+
+No logic of its own. Every MoesimError becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import polars as pl
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moesim.errors import InputError, MoesimError
+
+app = typer.Typer(
+    name="moesim",
+    help="Trace-driven simulation of speculative decoding on Mixture-of-Experts LLMs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+trace_app = typer.Typer(help="Routing traces: synthesise, inspect, record, import.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+# ---- rendering helpers ----------------------------------------------------------------------
+
+
+def _format_cell(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    if isinstance(value, list):
+        return ", ".join(_format_cell(v) for v in value)
+    return str(value)
+
+
+def render_table(frame: pl.DataFrame, title: str | None = None, caption: str | None = None) -> None:
+    """A polars frame as a rich table on stdout."""
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for name in frame.columns:
+        table.add_column(name, justify="right" if frame[name].dtype.is_numeric() else "left")
+    for row in frame.iter_rows():
+        table.add_row(*(_format_cell(v) for v in row))
+    console.print(table)
+
+
+def print_json(payload: Any) -> None:
+    """One JSON object on stdout (NaN becomes null)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    sys.stdout.write(json.dumps(clean(payload)) + "\n")
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Report folder to write.")] = Path("moesim-demo"),
+) -> None:
+    """Run the main job on embedded defaults and write a report folder."""
+    from moesim.sim.demo import run_demo
+
+    result = run_demo(out)
+    for section in result.sections:
+        render_table(section.table, section.title, section.caption)
+    console.print(f"report written to {result.out_dir}/")
+
+
+@trace_app.command("synth")
+def trace_synth(
+    model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
+    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
+    tokens: Annotated[int, typer.Option(help="Tokens per sequence.")] = 1024,
+    seqs: Annotated[int, typer.Option(help="Number of sequences.")] = 1,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    uniform: Annotated[bool, typer.Option("--uniform", help="Independent uniform routing.")] = False,
+    sticky: Annotated[float | None, typer.Option(help="Keep each expert of the previous token with this probability.")] = None,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (sticky; 0 = uniform).")] = 0.0,
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
+) -> None:
+    """Write a synthetic routing trace for a model preset."""
+    from moesim.models import load_preset
+    from moesim.tracegen.synth import Sticky, Uniform, synthesize
+    from moesim.tracegen.trace import write_trace
+
+    if uniform and sticky is not None:
+        raise InputError("--uniform and --sticky exclude each other")
+    generator = Sticky(keep_prob=sticky, zipf_exponent=zipf) if sticky is not None else Uniform()
+    trace = synthesize(load_preset(model), generator, tokens, seqs, seed, weight_format)
+    write_trace(out, trace)
+    console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} tokens, generator {generator.name}")
+
+
+@trace_app.command("info")
+def trace_info(
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Summarise a trace: model, sequences, tokens, layers, k, experts used and reuse per layer."""
+    from moesim.tracegen.summary import summarize_trace
+    from moesim.tracegen.trace import read_trace
+
+    summary = summarize_trace(read_trace(trace))
+    if as_json:
+        print_json(summary.to_dict())
+        return
+    console.print(
+        f"[bold]{trace}[/bold]: model {summary.model}, engine {summary.engine} ({summary.backend}), "
+        f"{summary.sequences} sequences, {summary.tokens} tokens ({summary.prompt_tokens} prompt), "
+        f"{len(summary.moe_layers)} MoE layers of {summary.layers}, top-{summary.top_k} of {summary.experts} experts"
+    )
+    render_table(summary.per_layer_table(), title="Per MoE layer", caption="reuse = mean |S_t ∩ S_t+1| / k over consecutive positions")
+
+
+# ---- entry point ------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 bad input or usage)."""
+    try:
+        app(args=argv, prog_name="moesim", standalone_mode=False)
+    except MoesimError as exc:
+        err_console.print(f"moesim: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        err_console.print("moesim: interrupted")
+        return 130
+    return 0
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""One exception family: every user-facing failure is a MoesimError with a one-line message.
+
+The CLI turns a MoesimError into that line on stderr and exit code 2; notebooks catch it.
+"""
+
+from __future__ import annotations
+
+
+class MoesimError(Exception):
+    """Base of moesim's errors; str(error) is a single line meant for the user."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+class InputError(MoesimError):
+    """A file, field or value given by the user is malformed or inconsistent."""
+
+
+class ConfigError(MoesimError):
+    """A configuration (preset, profile, simulation config) is invalid."""
+
+
+def where(path: object, field: str | None = None, row: int | None = None) -> str:
+    """Prefix naming the file, the row and the field of a bad value."""
+    parts = [str(path)]
+    if row is not None:
+        parts.append(f"row {row}")
+    if field is not None:
+        parts.append(f"field '{field}'")
+    return ": ".join(parts)

@@ -1,0 +1,114 @@
+"""Routing locality counted from expert ids alone (Numba): mean distinct experts per window for
+every pass size at once, reuse between tokens d apart, and experts used per layer.
+
+Arrays follow the trace layout: `experts` is (T, L, K) unsigned ids of T token rows (all
+sequences, in order), L MoE layers and top-K; `seq_starts` holds each sequence's first row and
+then T. Nothing here knows about models, bytes or hardware.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True)
+def _gap_histograms(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_pass: int) -> tuple[np.ndarray, np.ndarray]:
+    """Histograms of g = distance to the previous occurrence of a slot's expert in its sequence
+    (g = t_local + 1 for a first occurrence), capped at max_pass: overall (L, max_pass + 1) and
+    for the last max_pass - 1 positions of each sequence by r = rows to the sequence end."""
+    _, n_layers, k = experts.shape
+    hist = np.zeros((n_layers, max_pass + 1), np.int64)
+    tail_hist = np.zeros((n_layers, max_pass, max_pass + 1), np.int64)
+    last = np.full((n_layers, n_experts), -1, np.int64)
+    for s in range(seq_starts.shape[0] - 1):
+        a = seq_starts[s]
+        b = seq_starts[s + 1]
+        for t in range(a, b):
+            r = b - t
+            for layer in range(n_layers):
+                for j in range(k):
+                    e = np.intp(experts[t, layer, j])
+                    p = last[layer, e]
+                    g = t - p if p >= a else t - a + 1
+                    if g > max_pass:
+                        g = max_pass
+                    hist[layer, g] += 1
+                    if r < max_pass:
+                        tail_hist[layer, r, g] += 1
+                    last[layer, e] = t
+    return hist, tail_hist
+
+
+def mean_distinct_experts(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_pass: int) -> np.ndarray:
+    """Mean over windows of distinct experts U(n) per layer, for n = 1..max_pass: shape (L, max_pass).
+
+    A slot adds a new expert to a window exactly when its expert's previous occurrence lies
+    before the window; a slot at gap g lies new in min(g, n) windows of size n, less
+    min(g, n - r) windows cut off by the sequence end (r = rows to the end, r < n). Windows
+    never cross a sequence boundary. A pass size with no window gives NaN.
+    """
+    if max_pass < 1:
+        raise ValueError("max_pass must be >= 1")
+    hist, tail_hist = _gap_histograms(experts, np.asarray(seq_starts, np.int64), n_experts, max_pass)
+    g = np.arange(max_pass + 1)
+    n = np.arange(1, max_pass + 1)
+    totals = hist @ np.minimum(g[:, None], n[None, :])  # (L, N)
+    r = np.arange(max_pass)
+    cut = np.minimum(g[None, :, None], np.maximum(n[None, None, :] - r[:, None, None], 0))  # (r, g, n)
+    cut = np.where(r[:, None, None] < n[None, None, :], cut, 0)
+    totals = totals - np.einsum("lrg,rgn->ln", tail_hist, cut)
+    lengths = np.diff(np.asarray(seq_starts, np.int64))
+    windows = np.maximum(lengths[:, None] - n[None, :] + 1, 0).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(windows > 0, totals / np.maximum(windows, 1), np.nan)
+
+
+@numba.njit(cache=True)
+def _overlap_counts(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_distance: int) -> tuple[np.ndarray, np.ndarray]:
+    _, n_layers, k = experts.shape
+    ring = max_distance + 1
+    member = np.zeros((n_layers, ring, n_experts), np.bool_)
+    shared = np.zeros((n_layers, max_distance + 1), np.int64)
+    pairs = np.zeros(max_distance + 1, np.int64)
+    for s in range(seq_starts.shape[0] - 1):
+        a = seq_starts[s]
+        b = seq_starts[s + 1]
+        member[:] = False
+        for t in range(a, b):
+            slot = (t - a) % ring
+            for layer in range(n_layers):
+                if t - a >= ring:
+                    for j in range(k):
+                        member[layer, slot, np.intp(experts[t - ring, layer, j])] = False
+                for d in range(1, max_distance + 1):
+                    if t - a >= d:
+                        prev = (t - a - d) % ring
+                        for j in range(k):
+                            if member[layer, prev, np.intp(experts[t, layer, j])]:
+                                shared[layer, d] += 1
+                for j in range(k):
+                    member[layer, slot, np.intp(experts[t, layer, j])] = True
+            for d in range(1, max_distance + 1):
+                if t - a >= d:
+                    pairs[d] += 1
+    return shared, pairs
+
+
+def reuse(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_distance: int = 1) -> np.ndarray:
+    """Mean |S_t ∩ S_t+d| / K over token pairs d apart within a sequence: shape (L, max_distance)."""
+    if max_distance < 1:
+        raise ValueError("max_distance must be >= 1")
+    shared, pairs = _overlap_counts(experts, np.asarray(seq_starts, np.int64), n_experts, max_distance)
+    k = experts.shape[2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return shared[:, 1:] / (k * pairs[None, 1:].astype(np.float64))
+
+
+def experts_used(experts: np.ndarray, n_experts: int) -> np.ndarray:
+    """Number of distinct experts each layer selects anywhere in the trace: shape (L,)."""
+    n_layers = experts.shape[1]
+    used = np.zeros((n_layers, n_experts), bool)
+    layer_index = np.broadcast_to(np.arange(n_layers)[None, :, None], experts.shape)
+    used[layer_index.reshape(-1), experts.reshape(-1).astype(np.intp)] = True
+    return used.sum(axis=1)

@@ -49,6 +49,25 @@ def bytes_per_weight(weight_format: str) -> Fraction:
 
 
 @dataclass(frozen=True)
+class ExpertShape:
+    """Shape of one routed expert (SwiGLU: gate, up, down) in a weight format."""
+
+    hidden: int
+    intermediate: int
+    weight_format: str = "BF16"
+
+    @property
+    def expert_bytes(self) -> float:
+        """Bytes of one expert = 3·hidden·intermediate · bytes per weight."""
+        return float(3 * self.hidden * self.intermediate * bytes_per_weight(self.weight_format))
+
+    @property
+    def flops_per_token(self) -> float:
+        """Multiply-adds ×2 of one token through one expert: 2·3·hidden·intermediate."""
+        return 6.0 * self.hidden * self.intermediate
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """Attention projection shape; MLA fields are zero for MHA/GQA."""
 
@@ -182,6 +201,10 @@ class ModelPreset:
         return self.total_params() - unselected
 
     # ---- bytes -------------------------------------------------------------------------
+
+    def expert_shape(self, weight_format: str | None = None) -> ExpertShape:
+        """Shape of one routed expert in a weight format (default: the preset's own)."""
+        return ExpertShape(self.hidden, self.expert_intermediate, (weight_format or self.default_format).upper())
 
     def expert_bytes(self, weight_format: str | None = None) -> float:
         """Bytes of one routed expert = expert_params · bytes per weight."""

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from moesim.errors import InputError
-from moesim.models import ModelPreset, bytes_per_weight
+from moesim.models import ExpertShape, ModelPreset, bytes_per_weight
 
 TRACE_FORMAT = "routing-trace"
 TRACE_FORMAT_VERSION = 1
@@ -76,6 +76,11 @@ class TraceGeometry:
             shared_intermediate=preset.shared_intermediate,
             expert_bytes=preset.expert_bytes(fmt),
         )
+
+    @property
+    def expert_shape(self) -> ExpertShape:
+        """Shape of one routed expert."""
+        return ExpertShape(self.hidden, self.expert_intermediate, self.weight_format)
 
     @property
     def expert_id_type(self) -> pa.DataType:

@@ -190,7 +190,8 @@ def simulate(
             print_json({"rows": table.to_dicts(), "out": str(out_dir)})
             return
         caption = "speedup and worst slowdown are against the same workload with speculation off"
-        render_table(table, title=f"Study {config.name}", caption=caption)
+        shown = ["model", "workload", "policy", "throughput_tok_s", "speedup", "worst_slowdown", "mean_draft_len"]
+        render_table(table.select(shown), title=f"Study {config.name}", caption=caption)
     else:
         if as_json:
             print_json({**result.summary, "out": str(out_dir)})

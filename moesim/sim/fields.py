@@ -107,6 +107,8 @@ def dump(instance: Any) -> dict[str, Any]:
     """A config dataclass back as a TOML-like dict (paths as strings, tuples as lists, None dropped)."""
     out: dict[str, Any] = {}
     for field in dataclasses.fields(instance):
+        if not field.init:
+            continue
         value = getattr(instance, field.name)
         if value is None:
             continue

@@ -146,9 +146,7 @@ def _stats(record: EngineRecord) -> dict[str, Any]:
         "mean_batch": float(record.batch[record.batch > 0].mean()) if decode_iterations else math.nan,
         "mean_draft_len": drafted / record.step_draft_len.size if record.step_draft_len.size else math.nan,
         "acceptance_rate": int(record.step_accepted.sum()) / drafted if drafted else math.nan,
-        "tokens_per_pass": (record.step_accepted.size + int(record.step_accepted.sum())) / decode_iterations
-        if decode_iterations
-        else math.nan,
+        "tokens_per_pass": 1.0 + float(record.step_accepted.mean()) if record.step_accepted.size else math.nan,
         "wraps": int(sum(r.wraps for r in record.requests)),
     }
 
@@ -225,7 +223,7 @@ SUMMARY_ROWS = (
     ("latency_mean_us", "latency mean (µs)"),
     ("mean_draft_len", "mean draft length"),
     ("acceptance_rate", "accepted / drafted"),
-    ("tokens_per_pass", "tokens per verify pass"),
+    ("tokens_per_pass", "tokens per request per verify pass"),
     ("speedup", "speedup vs speculation off (throughput)"),
     ("tpot_speedup", "speedup vs speculation off (mean TPOT)"),
     ("worst_slowdown", "worst request's slowdown (TPOT / TPOT off)"),

@@ -52,7 +52,7 @@ class RunSection:
 
 @dataclass(frozen=True)
 class Batching:
-    """Continuous batching up to `max_batch` decoding requests."""
+    """Continuous batching up to `max_batch` decoding requests at once."""
 
     max_batch: int = 1
 

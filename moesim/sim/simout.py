@@ -1,11 +1,11 @@
 """Outputs of a simulation: per-request and per-iteration tables (Arrow) and a summary.
 
-- requests.arrow: one row per issued request: arrival, first token, finish, latency, time per
+- `requests`.arrow: one row per issued request: arrival, first token, finish, latency, time per
   output token (TPOT = (finish − first token) / (output tokens − 1)), decode iterations, drafted
   and accepted tokens, mean draft length, its draft length per iteration (`draft_lens`, k over
   time), where it decoded in the trace and how often it wrapped; with a speculation-off
   comparison also the same request's TPOT with speculation off and the slowdown ratio.
-- iterations.arrow: one row per engine iteration: start, prefill / draft / verify time, the
+- `iterations`.arrow: one row per engine iteration: start, prefill / draft / verify time, the
   decoding batch size, requests prefilled, tokens committed, mean distinct experts per MoE layer
   of the verify pass (null when the cost model does not report it), and per decoding request
   its id, draft length and accepted count (list columns, in batch order).

@@ -134,7 +134,7 @@ class SimResult:
         return {"requests": requests_table(self.record, alphas, self.off), "iterations": iterations_table(self.record)}
 
     def write(self, out_dir: Path) -> None:
-        """requests.arrow, iterations.arrow and summary.json in `out_dir` (atomically)."""
+        """The per-request and per-iteration Arrow tables and summary.json in `out_dir` (atomically)."""
         write_run(out_dir, self.tables(), self.summary)
 
 

@@ -151,7 +151,11 @@ def test_examples_are_named_and_load() -> None:
         load_config(path)
 
 
-@pytest.mark.parametrize("path", [p for p in _examples() if tomllib.loads(p.read_text()).get("cost", {}).get("kind") == "table"], ids=lambda p: p.stem)
+def _table_examples() -> list[Path]:
+    return [p for p in _examples() if tomllib.loads(p.read_text()).get("cost", {}).get("kind") == "table"]
+
+
+@pytest.mark.parametrize("path", _table_examples(), ids=lambda p: p.stem)
 def test_table_examples_run(cli, tmp_path: Path, path: Path) -> None:  # type: ignore[no-untyped-def]
     code, stdout, err = cli("simulate", path, "--out", tmp_path / "o", "--json")
     assert code == 0, err

@@ -122,11 +122,10 @@ class _ProtocolCoster:
     def iteration(self, batch: list[Request], draft_lens: list[int]) -> tuple[float, float]:
         """(draft µs, verify µs) of the batch at these draft lengths; windows that would cross a
         sequence end are costed where the engine will put them (wrapped)."""
-        n = len(batch)
-        ks = np.fromiter(draft_lens, np.int64, n)
-        seqs = np.fromiter((r.seq for r in batch), np.int64, n)
-        starts = np.fromiter((r.pos if r.pos + k < r.pos_end else r.pos_start for r, k in zip(batch, draft_lens, strict=True)), np.int64, n)
-        context = np.fromiter((r.prompt_tokens + r.decoded + 1 for r in batch), np.int64, n)
+        ks = np.array(draft_lens, np.int64)
+        seqs = np.array([r.seq for r in batch], np.int64)
+        starts = np.array([r.pos if r.pos + k < r.pos_end else r.pos_start for r, k in zip(batch, draft_lens, strict=True)], np.int64)
+        context = np.array([r.prompt_tokens + r.decoded + 1 for r in batch], np.int64)
         return self.cost.draft_us(ks, context), self.cost.verify_us(seqs, starts, ks + 1, context)
 
 

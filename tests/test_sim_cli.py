@@ -166,3 +166,17 @@ def test_table_examples_run(cli, tmp_path: Path, path: Path) -> None:  # type: i
         assert (tmp_path / "o" / "study.csv").is_file()
     else:
         assert payload["requests_completed"] > 0
+
+
+def test_demo_ends_with_static_vs_cascade(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out_dir = tmp_path / "report"
+    code, out, err = cli("demo", "--out", out_dir)
+    assert code == 0, err
+    assert "static k vs Cascade" in out
+    speculation = pl.read_csv(out_dir / "speculation.csv")
+    assert set(speculation["policy"]) == {"static k=1", "static k=2", "static k=3", "cascade"}
+    assert set(speculation["workload"]) == {"low", "high"}
+    # low acceptance: every static k loses, Cascade loses least; high: speculation pays
+    low = speculation.filter(pl.col("workload") == "low")
+    assert low.filter(pl.col("policy") != "cascade")["speedup"].max() < low.filter(pl.col("policy") == "cascade")["speedup"].item()
+    assert speculation.filter(pl.col("workload") == "high")["speedup"].min() > 1.0

@@ -68,12 +68,51 @@ def _bytes_section(trace: Trace, max_pass: int) -> DemoSection:
     )
 
 
+def _speculation_section(trace: Trace, max_pass: int) -> DemoSection:
+    """Static draft lengths against Cascade at batch 1 on two workloads (simulated)."""
+    from moesim.sim.simconfig import config_from_dict
+    from moesim.sim.simulate import run_study
+
+    # Pass times ASSUMED until the step-time model lands: 300 µs fixed + the trace's expert bytes
+    # per pass (deduplicated) at 2 TB/s.
+    bytes_per_pass = pass_bytes_table(trace, max_pass)["dedup_bytes"].to_numpy()
+    target_us = (300.0 + bytes_per_pass / 2e6).tolist()
+    config = config_from_dict(
+        {
+            "run": {"seed": 0, "requests": 8},
+            "workload": {"prompt_tokens": 128, "output_tokens": 256},
+            "cost": {"kind": "table", "target_us": target_us},
+            "acceptance": {"model": "geometric", "alpha": 0.5},
+            "policy": {"name": "off"},
+            "study": {
+                "workloads": {
+                    "low": {"model": "geometric", "beta": [3.0, 7.0]},
+                    "high": {"model": "geometric", "beta": [8.0, 2.0]},
+                },
+                "policies": [{"name": "static", "k": k} for k in (1, 2, 3)] + [{"name": "cascade"}],
+            },
+        },
+        "demo",
+        Path("."),
+    )
+    table = run_study(config).select("workload", "policy", "speedup", "worst_slowdown", "mean_draft_len", "tokens_per_pass")
+    return DemoSection(
+        key="speculation",
+        title="Simulated speculative decoding, batch 1, n-gram drafter: static k vs Cascade",
+        caption="acceptance α per request ~ Beta(3, 7) (low) or Beta(8, 2) (high); speedup = throughput / throughput "
+        "with speculation off; worst_slowdown = the slowest request's time per output token relative to speculation off "
+        "(> 1: slower); pass times assumed (300 µs + the trace's expert bytes at 2 TB/s)",
+        table=table,
+    )
+
+
 def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
     """Build the demo's inputs on the fly, compute every section, write the report folder."""
     preset = load_preset(config.model)
     trace = synthesize(preset, Sticky(keep_prob=config.keep_prob), config.tokens, config.seqs, config.seed, config.weight_format)
     result = DemoResult(out_dir=out_dir)
     result.sections.append(_bytes_section(trace, config.max_pass))
+    result.sections.append(_speculation_section(trace, config.max_pass))
     with atomic_dir(out_dir) as staging:
         write_trace(staging / "trace.arrow", trace)
         for section in result.sections:

@@ -97,11 +97,12 @@ def test_cascade_climbs_to_k_max_when_everything_is_accepted() -> None:
     assert record.step_draft_len.tolist()[: len(expected)] == expected
 
 
-def test_cascade_flat_utilities_stop_and_pick_the_smaller_k() -> None:
-    """U(2)/U(1) = 1.05 (within 10 %): stop; the smallest k within the tolerance of the best is kept."""
+def test_cascade_flat_utilities_stop_the_climb() -> None:
+    """U(2)/U(1) = 1.05 (within 10 %): the climb stops and the higher utility (k = 2) is set; from
+    k = 2 the step up is worse by more than 10 %, the step down is not better: k = 2 stays."""
     cost = table([1000.0, 1500.0, 1500.0 * 1.5 / 1.05, 4000.0, 5000.0, 6000.0, 7000.0, 8000.0, 9000.0])
     record = run(Cascade(), cost, 1.0, output=800)
-    expected = cascade_pattern([([1, 2], 1, 16)] * 4)
+    expected = cascade_pattern([([1, 2], 2, 16), ([2, 3, 1], 2, 16), ([2, 3, 1], 2, 16)])
     assert record.step_draft_len.tolist()[: len(expected)] == expected
 
 

@@ -290,13 +290,10 @@ class _CascadeController:
             state.left = self.config.set_iterations
 
     def choose(self, trials: list[tuple[int, float]]) -> int:
-        """The smallest tried k whose utility is >= 1 and within the tolerance of the best
-        (U_k >= U_best / (1 + tolerance)); 0 (speculation off) when the best utility is below 1."""
-        best = max(u for _, u in trials)
-        if best < 1.0:
-            return 0
-        floor = max(1.0, best / (1.0 + self.config.tolerance))
-        return min(k for k, u in trials if u >= floor)
+        """The tried k of the highest utility (ties: the smaller k); 0 (speculation off) when that
+        utility is below 1."""
+        best_k, best_u = max(trials, key=lambda trial: (trial[1], -trial[0]))
+        return best_k if best_u >= 1.0 else 0
 
     def next_candidate(self, state: CascadeState) -> int | None:
         """Hill-climbing from the first trial's k: step up; keep stepping in the same direction

@@ -225,29 +225,34 @@ class Engine:
         max_batch = self.max_batch
         closed = self.arrivals.kind == "closed"
         k_cap = self.k_cap
+        no_admissions: tuple[Request, ...] = ()
         active: list[Request] = []
-        rec_start, rec_prefill, rec_draft, rec_verify, rec_batch, rec_admitted = self._it = ([], [], [], [], [], [])
+        rec_start, rec_draft, rec_verify, rec_batch = self._it = ([], [], [], [])
+        rec_admit_at, rec_prefill, rec_admitted = self._admissions = ([], [], [])  # sparse: iterations that prefilled
         step_request, step_k, step_acc = self._steps = ([], [], [])
         progress = self.progress
         countdown = PROGRESS_EVERY
+        clock = env.now
         while True:
-            admitted: list[Request] = []
+            admitted: tuple[Request, ...] | list[Request] = no_admissions
             prefill_us = 0.0
-            while queue and len(active) + len(admitted) < max_batch:
-                request = queue.popleft()
-                admitted.append(request)
-                prefill_us += prefill_cost(request.prompt_tokens)
+            if queue and len(active) < max_batch:
+                admitted = []
+                while queue and len(active) + len(admitted) < max_batch:
+                    request = queue.popleft()
+                    admitted.append(request)
+                    prefill_us += prefill_cost(request.prompt_tokens)
             n = len(active)
             if n:
                 wanted = controller.draft_lens(active, self)
                 ks = []
                 for i in range(n):
-                    request = active[i]
                     k = wanted[i]
                     if k > k_cap:
                         k = k_cap
-                    if k >= request.remaining:
-                        k = request.remaining - 1
+                    remaining = active[i].remaining
+                    if k >= remaining:
+                        k = remaining - 1
                     ks.append(k)
                 draft_us, verify_us = coster.iteration(active, ks)
                 if windows:
@@ -264,17 +269,20 @@ class Engine:
                     return
                 self._wake = env.event()
                 yield self._wake
+                clock = env.now
                 continue
-            rec_start.append(env.now)
+            rec_start.append(clock)
             yield timeout(prefill_us + draft_us + verify_us)
-            now = env.now
-            rec_prefill.append(prefill_us)
+            clock = env.now
+            if admitted:
+                rec_admit_at.append(len(rec_draft))
+                rec_prefill.append(prefill_us)
+                rec_admitted.append(len(admitted))
             rec_draft.append(draft_us)
             rec_verify.append(verify_us)
             rec_batch.append(n)
-            rec_admitted.append(len(admitted))
             if n:
-                committed = []
+                committed = [] if adaptive else None
                 finished = False
                 for i in range(n):
                     request = active[i]
@@ -284,15 +292,16 @@ class Engine:
                         accepted = k
                     c = accepted + 1
                     request.decoded += c
-                    request.remaining -= c
                     request.pos += c
-                    committed.append(c)
+                    request.remaining -= c
+                    if not request.remaining:
+                        finished = True
                     step_request.append(request.rid)
                     step_k.append(k)
                     step_acc.append(accepted)
-                    if not request.remaining:
-                        finished = True
-                if adaptive:
+                    if committed is not None:
+                        committed.append(c)
+                if committed is not None:
                     controller.observe(active, ks, committed, draft_us + verify_us, self)
                 if finished:
                     still = []
@@ -300,15 +309,15 @@ class Engine:
                         if request.remaining:
                             still.append(request)
                         else:
-                            self._finish(request, now, closed)
+                            self._finish(request, clock, closed)
                     active = still
             for request in admitted:
-                request.first_token_us = now
+                request.first_token_us = clock
                 if request.remaining:
                     controller.attach(request)
                     active.append(request)
                 else:
-                    self._finish(request, now, closed)
+                    self._finish(request, clock, closed)
             if progress is not None:
                 countdown -= 1
                 if not countdown:
@@ -344,18 +353,22 @@ class Engine:
         return self._record()
 
     def _record(self) -> EngineRecord:
-        start, prefill, draft, verify, batch, admitted = self._it
+        start, draft, verify, batch = self._it
+        admit_at, prefill_sparse, admitted_sparse = self._admissions
         step_request, step_k, step_acc = self._steps
-        n_iter = len(prefill)  # an iteration cut by the duration has a start but no end
-        end_us = float(self.env.now)
+        n_iter = len(draft)  # an iteration cut by the duration has a start but no end
+        prefill = np.zeros(n_iter)
+        admitted = np.zeros(n_iter, np.int64)
+        prefill[admit_at] = prefill_sparse
+        admitted[admit_at] = admitted_sparse
         return EngineRecord(
-            end_us=end_us,
+            end_us=float(self.env.now),
             start_us=np.asarray(start[:n_iter], np.float64),
-            prefill_us=np.asarray(prefill, np.float64),
+            prefill_us=prefill,
             draft_us=np.asarray(draft, np.float64),
             verify_us=np.asarray(verify, np.float64),
             batch=np.asarray(batch, np.int64),
-            admitted=np.asarray(admitted, np.int64),
+            admitted=admitted,
             distinct_experts=np.full(n_iter, np.nan),
             step_request=np.asarray(step_request, np.int64),
             step_draft_len=np.asarray(step_k, np.int64),

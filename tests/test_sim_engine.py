@@ -86,12 +86,18 @@ def test_continuous_batching_conservation() -> None:
 def test_poisson_arrivals_follow_their_stream() -> None:
     arrivals = Arrivals(kind="poisson", rate_per_s=2.0)
     record = run(Static(k=2), requests=30, max_batch=4, arrivals=arrivals, seed=5)
-    expected = np.cumsum(arrivals.gaps_us(5, 30))
+    expected = np.cumsum(np.random.default_rng([5, 0xA221]).exponential(1e6 / 2.0, 30))
     assert np.allclose([r.arrival_us for r in record.requests], expected)
     assert all(r.first_token_us >= r.arrival_us for r in record.requests)
     # at 2 requests/s and ~0.2 s per request the engine idles between arrivals
     ends = record.start_us + record.prefill_us + record.draft_us + record.verify_us
     assert np.any(record.start_us[1:] > ends[:-1] + 1.0)
+
+
+def test_progress_callback_reaches_the_end() -> None:
+    seen: list[float] = []
+    run(Static(k=1), requests=4, workload=Workload(prompt_tokens=0, output_tokens=6000), progress=seen.append)
+    assert len(seen) >= 3 and seen == sorted(seen) and seen[0] > 0 and seen[-1] <= 1.0
 
 
 def test_duration_bounded_run() -> None:

@@ -199,17 +199,12 @@ class Engine:
         return not self.total_requests or len(self.issued) < self.total_requests
 
     def _poisson(self) -> Generator[simpy.Event, None, None]:
-        env = self.env
-        block = 4096
-        drawn = 0
-        while self._can_issue():
-            gaps = self.arrivals.gaps_us(self.seed, drawn + block)[drawn:]
-            drawn += block
-            for gap in gaps.tolist():
-                yield env.timeout(gap)
-                self._issue()
-                if not self._can_issue():
-                    return
+        timeout = self.env.timeout
+        for gap in self.arrivals.gaps_us(self.seed):
+            if not self._can_issue():
+                return
+            yield timeout(gap)
+            self._issue()
 
     # ---- the loop ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -94,10 +95,11 @@ class Arrivals:
             rate = self.rate_per_s
             require(rate is not None and math.isfinite(rate) and rate > 0, "rate_per_s", f"Poisson arrivals need a rate > 0, got {rate}")
 
-    def gaps_us(self, seed: int, count: int) -> np.ndarray:
-        """The first `count` inter-arrival gaps (µs) of the Poisson stream (the first from t = 0)."""
+    def gaps_us(self, seed: int, block: int = 4096) -> Iterator[float]:
+        """The inter-arrival gaps (µs) of the Poisson stream, the first from t = 0, drawn in blocks."""
         rng = np.random.default_rng([seed, _STREAM_ARRIVALS])
-        return rng.exponential(1e6 / self.rate_per_s, count)  # type: ignore[operator]
+        while True:
+            yield from rng.exponential(1e6 / self.rate_per_s, block).tolist()  # type: ignore[operator]
 
 
 @dataclass(frozen=True)

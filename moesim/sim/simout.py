@@ -178,17 +178,8 @@ def summary(record: EngineRecord, off: EngineRecord | None, describe: dict[str, 
 
 def json_text(payload: Any) -> str:
     """Deterministic JSON (sorted keys; NaN and infinities become null)."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
-    return json.dumps(clean(payload), sort_keys=True, indent=2) + "\n"
+    finite = json.loads(json.dumps(payload), parse_constant=lambda _: None)
+    return json.dumps(finite, sort_keys=True, indent=2) + "\n"
 
 
 def write_arrow(path: Path, table: pa.Table) -> None:

@@ -226,7 +226,7 @@ def profile_show(
     caption = "errors in %: shape_out / routing_out = held-out median (p90); epsilon = default relative bound"
     render_table(pl.DataFrame(description["family_rows"]), title="Families", caption=caption)
     render_table(pl.DataFrame(description["source_rows"]), title="Sources")
-    for note in loaded.notes:
+    for note in loaded.all_notes():
         console.print(f"note: {note}", markup=False)
     title = f"Per-slot vs dedup, {preset.name} experts ({preset.expert_shape().weight_format}), uniform routing"
     caption = "r = BW_dedup / BW_per_slot = u·T_per_slot / T_dedup; dedup is faster where u < r; extrapolated = family x beyond its range"

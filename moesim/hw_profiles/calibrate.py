@@ -21,7 +21,7 @@ import polars as pl
 from moesim.errors import InputError
 from moesim.hw_profiles.catalog import DeviceSpec, lookup_device
 from moesim.hw_profiles.families import DenseFamily, Roofline
-from moesim.hw_profiles.fit import FamilyFit, fit_family
+from moesim.hw_profiles.fit import FamilyFit, expert_inputs, fit_family
 from moesim.hw_profiles.heldout import HeldoutError
 from moesim.hw_profiles.measurements import load_measurements
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
@@ -157,15 +157,16 @@ def apply_filters(frame: pl.DataFrame, filters: list[tuple[str, str]], source: s
     return frame
 
 
-def _table_roofline(frame: pl.DataFrame) -> tuple[float, float]:
+def _table_roofline(frame: pl.DataFrame, source: str) -> tuple[float, float]:
     """Best effective bandwidth and FLOP rate the table itself shows (lower bounds of the peaks)."""
-    expert_bytes = frame["expert_bytes"].to_numpy() if "expert_bytes" in frame.columns else None
-    time_us = frame["time_us"].to_numpy()
-    if expert_bytes is None or "distinct_experts" not in frame.columns:
-        raise InputError("the device is not in the catalog and the table has no 'expert_bytes'/'distinct_experts' to bound its peaks")
-    bandwidth = float(np.max(frame["distinct_experts"].to_numpy() * expert_bytes / time_us) / 1e3)
-    flops = frame["slots"].to_numpy() * 6.0 * frame["hidden"].to_numpy() * frame["expert_intermediate"].to_numpy()
-    return bandwidth, float(np.max(flops / time_us) / 1e6)
+    bandwidth, flops = 0.0, 0.0
+    for family in sorted(set(frame["kernel"].to_list()) - {"dense"}):
+        rows = frame.filter(pl.col("kernel") == family)
+        x = expert_inputs(rows, source, family)
+        time_us = rows["time_us"].to_numpy()
+        bandwidth = max(bandwidth, float(np.max(x.distinct_experts * x.expert_bytes / time_us)) / 1e3)
+        flops = max(flops, float(np.max(x.slots * 6.0 * x.hidden * x.intermediate / time_us)) / 1e6)
+    return bandwidth, flops
 
 
 def fit_profile(
@@ -208,7 +209,7 @@ def fit_profile(
         roofline = Roofline(spec.peak_bandwidth_gbps, spec.tensor_tflops)
         section_sources["roofline"] = "datasheet"
     else:
-        roofline = Roofline(*_table_roofline(frame.filter(pl.col("kernel") != "dense")))
+        roofline = Roofline(*_table_roofline(frame, str(table)))
         section_sources["roofline"] = "table"
         notes.append("device not in the catalog: the roofline is the best the table shows (a lower bound of the true peaks)")
 

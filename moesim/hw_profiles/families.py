@@ -105,8 +105,9 @@ class ExpertInputs:
         return getattr(self, name)
 
 
-def term_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> dict[str, np.ndarray]:
-    """The model's terms as columns (time = Σ coefficient·column); see the module docstring."""
+def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The model's terms (time = Σ coefficient·column, see the module docstring) and each pass's tile
+    variant index; the compute and serial columns take the coefficient of that variant."""
     u, s, cmax = x.distinct_experts, x.slots, x.max_tokens_per_expert
     safe_u = np.maximum(u, 1.0)
     t = structure.tokens_per_read
@@ -119,24 +120,29 @@ def term_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float
         reads, tokens = u * chunks, np.minimum(cmax, t)
     rereads = np.maximum(reads - u, 0.0)
     hit = np.minimum(1.0, cache_bytes / (safe_u * x.expert_bytes))
-    flops = s * 6.0 * x.hidden * x.intermediate
-    serial = tokens * chunks * (x.hidden + x.intermediate)
     columns = {
         "fixed": np.where(s > 0, 1.0, 0.0),
         "per_expert": u,
         "per_slot": s,
         "hbm": x.expert_bytes * (u + rereads * (1.0 - hit)),
         "cache": x.expert_bytes * rereads * hit,
+        "compute": s * 6.0 * x.hidden * x.intermediate,
+        "serial": tokens * chunks * (x.hidden + x.intermediate),
     }
+    if not structure.variants:
+        return columns, np.zeros(np.shape(u), np.intp)
+    widths = np.asarray(structure.variants, np.float64)
+    return columns, np.minimum(np.searchsorted(widths, np.minimum(cmax, t) - 1e-9), len(widths) - 1)
+
+
+def term_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> dict[str, np.ndarray]:
+    """Every term as its own column (one compute and one serial column per tile variant): the fit's design."""
+    columns, index = base_columns(x, structure, cache_bytes)
     if structure.variants:
-        widths = np.asarray(structure.variants, np.float64)
-        index = np.minimum(np.searchsorted(widths, np.minimum(cmax, t) - 1e-9), len(widths) - 1)
+        compute, serial = columns.pop("compute"), columns.pop("serial")
         for i, width in enumerate(structure.variants):
-            columns[f"compute{width}"] = np.where(index == i, flops, 0.0)
+            columns[f"compute{width}"] = np.where(index == i, compute, 0.0)
             columns[f"serial{width}"] = np.where(index == i, serial, 0.0)
-    else:
-        columns["compute"] = flops
-        columns["serial"] = serial
     return columns
 
 
@@ -180,7 +186,7 @@ class ExpertFamily:
     note: str = ""
 
     def coefficients(self) -> dict[str, float]:
-        """Coefficient of each term column (µs per unit of the column)."""
+        """Coefficient of each term column of `term_columns` (µs per unit of the column)."""
         coefficients = {
             "fixed": self.fixed_us,
             "per_expert": self.per_expert_us,
@@ -189,17 +195,22 @@ class ExpertFamily:
             "cache": _rate_to_coefficient(self.cache_bandwidth_gbps, 1e3),
         }
         suffixes = [str(v) for v in self.structure.variants] or [""]
-        for suffix, rate, serial in zip(suffixes, self.compute_tflops, self.serial_ns, strict=True):
-            coefficients[f"compute{suffix}"] = _rate_to_coefficient(rate, 1e6)
-            coefficients[f"serial{suffix}"] = serial * 1e-3
+        for suffix, compute, serial in zip(suffixes, *self._variant_coefficients(), strict=True):
+            coefficients[f"compute{suffix}"] = compute
+            coefficients[f"serial{suffix}"] = serial
         return coefficients
+
+    def _variant_coefficients(self) -> tuple[np.ndarray, np.ndarray]:
+        compute = np.array([_rate_to_coefficient(rate, 1e6) for rate in self.compute_tflops])
+        return compute, np.array(self.serial_ns) * 1e-3
 
     def model_time_us(self, x: ExpertInputs) -> np.ndarray:
         """The fitted terms alone, without the roofline floor."""
-        columns = term_columns(x, self.structure, self.cache_bytes)
-        total = np.zeros(np.shape(x.n_tokens))
+        columns, index = base_columns(x, self.structure, self.cache_bytes)
+        compute, serial = self._variant_coefficients()
+        total = columns["compute"] * compute[index] + columns["serial"] * serial[index]
         for name, coefficient in self.coefficients().items():
-            if coefficient:
+            if coefficient and name in ("fixed", "per_expert", "per_slot", "hbm", "cache"):
                 total = total + coefficient * columns[name]
         return total
 

@@ -3,6 +3,7 @@ and the provenance of every number. Built by `fit`, `derive` or read from TOML (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from moesim.errors import InputError
@@ -71,6 +72,18 @@ class HardwareProfile:
         if not isinstance(family, ExpertFamily):
             raise InputError(f"family '{name}' of profile '{self.name}' is not an expert family")
         return family
+
+    def all_notes(self) -> tuple[str, ...]:
+        """Stored notes plus one per calibrated bandwidth above the device peak (accepted: cache hits)."""
+        notes = list(self.notes)
+        peak = self.roofline.peak_bandwidth_gbps
+        for family in self.expert_families.values():
+            for key in ("hbm_bandwidth_gbps", "cache_bandwidth_gbps"):
+                value = getattr(family, key)
+                if math.isfinite(value) and value > peak:
+                    where = f"families.{family.name}.{key}"
+                    notes.append(f"{where} = {value:.0f} GB/s exceeds the peak {peak:.0f} GB/s: accepted as cache hits")
+        return tuple(notes)
 
     def provenance_of(self, field_path: str) -> Provenance:
         """Provenance of a number by its TOML path, e.g. 'roofline.peak_bandwidth_gbps'."""

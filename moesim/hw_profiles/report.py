@@ -108,5 +108,5 @@ def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
         "family_rows": [*(_family_row(f) for f in profile.expert_families.values()), dense_row],
         "sources": {key: dataclasses.asdict(source) for key, source in profile.sources.items()},
         "source_rows": [{"id": key, "kind": source.kind, "backs": source.label()} for key, source in profile.sources.items()],
-        "notes": list(profile.notes),
+        "notes": list(profile.all_notes()),
     }

@@ -124,7 +124,7 @@ def _read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
 
 
 def _read_heldout(reader: _Reader, table: dict[str, Any], path: str) -> HeldoutError:
-    heldout = reader.table(table, "heldout_error", path)
+    heldout = reader.table(table, "heldout_error", f"{path}.heldout_error")
     where = f"{path}.heldout_error"
     reader.unknown(heldout, where, {*_SPLITS, "transfer", "transfer_note"})
     stats: dict[str, ErrorStats | None] = {}
@@ -145,7 +145,7 @@ def _read_heldout(reader: _Reader, table: dict[str, Any], path: str) -> HeldoutE
 
 
 def _read_range(reader: _Reader, table: dict[str, Any], path: str) -> CalibratedRange:
-    ranges = reader.table(table, "calibrated_range", path)
+    ranges = reader.table(table, "calibrated_range", f"{path}.calibrated_range")
     where = f"{path}.calibrated_range"
     reader.unknown(ranges, where, set(RANGE_FIELDS))
     bounds = {}
@@ -283,14 +283,6 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         raise reader.fail("families.dense", "is missing: a profile needs the dense family (non-expert weights, attention, KV)")
     dense = _read_dense(reader, families_table["dense"])
 
-    notes = list(data.get("notes", []))
-    for family in experts.values():
-        for key in _EXPERT_RATES:
-            value = getattr(family, key)
-            peak = roofline.peak_bandwidth_gbps
-            note = f"families.{family.name}.{key} = {value:.0f} GB/s exceeds the peak {peak:.0f} GB/s: accepted as cache hits"
-            if math.isfinite(value) and value > roofline.peak_bandwidth_gbps and note not in notes:
-                notes.append(note)
     return HardwareProfile(
         name=name,
         description=str(data.get("description", "")),
@@ -302,7 +294,7 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         dense=dense,
         sources=reader.sources,
         field_sources=reader.field_sources,
-        notes=tuple(notes),
+        notes=tuple(str(note) for note in data.get("notes", [])),
         derived_from=str(data.get("derived_from", "")),
         section_sources=reader.section_sources,
     )

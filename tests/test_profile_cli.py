@@ -115,3 +115,23 @@ def test_demo_has_the_h200_per_slot_vs_dedup_section(tmp_path: Path) -> None:
     assert table["n"].to_list()[:16] == list(range(1, 17))
     assert table["per_slot_us"].is_sorted() and (table["per_slot_us"] > 0).all()
     assert "H200" in section.title and (tmp_path / "demo" / "perslot_vs_dedup_h200.csv").is_file()
+
+
+def test_fit_uses_dense_rows_and_a_catalog_device_without_device_json(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    rows = pl.read_parquet(H200_TABLE).filter((pl.col("kernel") == "per_slot") & (pl.col("model") == "qwen3-30b-a3b"))
+    dense_bytes = [1e6, 5e6, 2e7, 1e8, 4e8]
+    dense = pl.DataFrame(
+        {"kernel": "dense", "n_tokens": 1, "time_us": [3.0 + b / 2.0e6 for b in dense_bytes], "bytes_requested": dense_bytes}
+    )
+    table = tmp_path / "mixed.csv"
+    columns = ("kernel", "model", "device", "n_tokens", "time_us", "bytes_requested", "slots", "distinct_experts", "max_tokens_per_expert")
+    expert_rows = rows.select(*columns, "hidden", "expert_intermediate", "expert_bytes", "routing")
+    pl.concat([expert_rows, dense], how="diagonal_relaxed").write_csv(table)
+    out = tmp_path / "mixed.toml"
+    code, _, err = cli("profile", "fit", table, "--out", out)
+    assert code == 0, err
+    profile = read_profile(out)
+    assert profile.device.name == "NVIDIA H200 SXM" and profile.provenance_of("roofline.peak_tflops").kind == "datasheet"
+    assert profile.dense.launch_us == pytest.approx(3.0, rel=1e-6) and profile.dense.bandwidth_gbps == pytest.approx(2000.0, rel=1e-6)
+    assert profile.dense.provenance.kind == "calibrated" and profile.pass_fixed_us == 0.0
+    assert profile.provenance_of("pass.fixed_us").kind == "assumed"

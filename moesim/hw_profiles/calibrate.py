@@ -9,6 +9,7 @@ catalog entry the roofline is the best the table itself shows (a lower bound of 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -19,10 +20,10 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.hw_profiles.catalog import DeviceSpec, lookup_device
+from moesim.hw_profiles.catalog import lookup_device
 from moesim.hw_profiles.families import DenseFamily, Roofline
-from moesim.hw_profiles.fit import FamilyFit, expert_inputs, fit_family
-from moesim.hw_profiles.heldout import HeldoutError
+from moesim.hw_profiles.fit import FamilyFit, expert_inputs, fit_family, solve_relative
+from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.measurements import load_measurements
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance, file_sha256
@@ -257,7 +258,13 @@ def fit_profile(
     if not fits:
         raise InputError(f"{table}: no expert family (per_slot or dedup*) to fit after filtering")
 
-    dense, pass_fixed_us = _dense_and_pass(measured, spec, roofline, sources, field_sources, section_sources)
+    dense, pass_fixed_us = _dense_and_pass(measured, roofline, sources, field_sources, section_sources)
+    dense_rows = frame.filter(pl.col("kernel") == "dense")
+    if dense_rows.height:
+        dense = _fit_dense(dense_rows, str(table), dense, sources["table"])
+        section_sources["families.dense"] = "table"
+        field_sources.pop("families.dense.bandwidth_gbps", None)
+        field_sources.pop("families.dense.launch_us", None)
     profile = HardwareProfile(
         name=name,
         description=f"{device.name}: fitted from {table.name} ({frame.height} rows) by `moesim profile fit`",
@@ -275,9 +282,24 @@ def fit_profile(
     return FitReport(profile, fits, frame.height, notes)
 
 
+def _fit_dense(rows: pl.DataFrame, source: str, assumed: DenseFamily, provenance: Provenance) -> DenseFamily:
+    """Dense family from measured dense rows: time = launch + bytes_requested / bandwidth (NNLS, relative)."""
+    if "bytes_requested" not in rows.columns or rows["bytes_requested"].null_count():
+        raise InputError(f"{source}: dense rows need column 'bytes_requested' (bytes each dense operation reads)")
+    measured = rows["time_us"].to_numpy().astype(np.float64)
+    design = np.column_stack([np.ones(rows.height), rows["bytes_requested"].to_numpy().astype(np.float64)])
+    theta = solve_relative(design, measured)
+    if theta[1] <= 0:
+        raise InputError(f"{source}: dense rows do not grow with bytes_requested: no bandwidth can be fitted")
+    fitted = dataclasses.replace(assumed, launch_us=float(theta[0]), bandwidth_gbps=1.0 / (float(theta[1]) * 1e3), provenance=provenance)
+    in_sample = ErrorStats.from_errors(relative_errors(fitted.time_us(rows["bytes_requested"].to_numpy()), measured))
+    return dataclasses.replace(
+        fitted, heldout_error=HeldoutError(in_sample=in_sample, transfer=DENSE_TRANSFER, transfer_note="in-sample only")
+    )
+
+
 def _dense_and_pass(
     measured: MeasuredDevice | None,
-    spec: DeviceSpec | None,
     roofline: Roofline,
     sources: dict[str, Provenance],
     field_sources: dict[str, str],

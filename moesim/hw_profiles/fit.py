@@ -79,7 +79,7 @@ def _columns_for(terms: tuple[str, ...], all_columns: dict[str, np.ndarray], str
     return names
 
 
-def _solve(design: np.ndarray, measured_us: np.ndarray, delta: float) -> np.ndarray:
+def solve_relative(design: np.ndarray, measured_us: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
     """Non-negative θ minimising the Huber loss of (design·θ) / measured − 1 (IRLS on NNLS)."""
     relative = design / measured_us[:, None]
     scale = np.abs(relative).max(axis=0)
@@ -173,13 +173,13 @@ def _fit_columns(
     problem with one more linear constraint) has them equal: refit with the two columns merged.
     """
     design = np.column_stack([columns[name] for name in names])
-    theta = _solve(design, measured_us, delta)
+    theta = solve_relative(design, measured_us, delta)
     coefficients = dict(zip(names, (float(t) for t in theta), strict=True))
     if coefficients.get("cache", 0.0) > coefficients["hbm"]:
         merged = {**columns, "hbm": columns["hbm"] + columns["cache"]}
         names = [name for name in names if name != "cache"]
         design = np.column_stack([merged[name] for name in names])
-        theta = _solve(design, measured_us, delta)
+        theta = solve_relative(design, measured_us, delta)
         coefficients = dict(zip(names, (float(t) for t in theta), strict=True))
         coefficients["cache"] = coefficients["hbm"]
     return coefficients, design @ np.array([coefficients[name] for name in names]) / measured_us - 1.0

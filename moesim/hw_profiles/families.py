@@ -185,6 +185,21 @@ class ExpertFamily:
     roofline: Roofline
     note: str = ""
 
+    def parameters(self) -> dict[str, object]:
+        """The family's structure and rates as plain data (the TOML keys)."""
+        return {
+            "tokens_per_read": self.structure.tokens_per_read,
+            "variants": list(self.structure.variants),
+            "fixed_us": self.fixed_us,
+            "per_expert_us": self.per_expert_us,
+            "per_slot_us": self.per_slot_us,
+            "hbm_bandwidth_gbps": self.hbm_bandwidth_gbps,
+            "cache_bandwidth_gbps": self.cache_bandwidth_gbps,
+            "cache_bytes": self.cache_bytes,
+            "compute_tflops": list(self.compute_tflops),
+            "serial_ns": list(self.serial_ns),
+        }
+
     def coefficients(self) -> dict[str, float]:
         """Coefficient of each term column of `term_columns` (µs per unit of the column)."""
         coefficients = {

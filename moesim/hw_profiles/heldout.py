@@ -46,21 +46,21 @@ class HeldoutError:
     transfer: float = 0.0
     transfer_note: str = ""
 
-    @property
-    def epsilon(self) -> float:
-        """Default relative bound: sqrt(max held-out p90² + transfer²); NaN when nothing is known."""
-        held = [s.p90 for s in (self.leave_one_shape_out, self.leave_one_routing_out) if s is not None]
+    def _combined(self, statistic: str) -> float:
+        held = [getattr(s, statistic) for s in (self.leave_one_shape_out, self.leave_one_routing_out) if s is not None]
         if not held and self.transfer == 0.0:
             return math.nan
         return math.hypot(max(held, default=0.0), self.transfer)
 
     @property
+    def epsilon(self) -> float:
+        """Default relative bound: sqrt(max held-out p90² + transfer²); NaN when nothing is known."""
+        return self._combined("p90")
+
+    @property
     def epsilon_median(self) -> float:
         """Typical relative error: sqrt(max held-out median² + transfer²)."""
-        held = [s.median for s in (self.leave_one_shape_out, self.leave_one_routing_out) if s is not None]
-        if not held and self.transfer == 0.0:
-            return math.nan
-        return math.hypot(max(held, default=0.0), self.transfer)
+        return self._combined("median")
 
     @property
     def coverage(self) -> float:

@@ -52,15 +52,7 @@ def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
     families: dict[str, Any] = {}
     for name, family in profile.expert_families.items():
         families[name] = {
-            "structure": {"tokens_per_read": family.structure.tokens_per_read, "variants": list(family.structure.variants)},
-            "fixed_us": family.fixed_us,
-            "per_expert_us": family.per_expert_us,
-            "per_slot_us": family.per_slot_us,
-            "hbm_bandwidth_gbps": family.hbm_bandwidth_gbps,
-            "cache_bandwidth_gbps": family.cache_bandwidth_gbps,
-            "cache_bytes": family.cache_bytes,
-            "compute_tflops": list(family.compute_tflops),
-            "serial_ns": list(family.serial_ns),
+            **family.parameters(),
             "calibrated_range": {k: list(v) for k, v in family.calibrated_range.bounds.items()},
             "heldout_error": _heldout_dict(family),
             "provenance": dataclasses.asdict(family.provenance),

@@ -250,6 +250,10 @@ def test_extrapolation_factor_and_roofline_floor() -> None:
     assert family.extrapolation_factor(beyond, shape)[0] == pytest.approx(2.0)
     big = ExpertShape(8192, 28672)  # expert bytes 4x the largest calibrated
     assert family.extrapolation_factor(inside, big)[0] == pytest.approx(3 * 8192 * 28672 * 2 / 352321536)
+    empty = RoutingFeatures(np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2))
+    for name in profile.expert_families:  # a layer no token is routed to costs nothing and extrapolates nothing
+        assert np.all(profile.expert_family(name).time_us(empty, shape) == 0.0)
+        assert np.all(profile.expert_family(name).extrapolation_factor(empty, shape) == 1.0)
     rng = np.random.default_rng(5)
     n = rng.integers(1, 4096, 200).astype(float)
     u = np.minimum(n * 8, rng.integers(1, 256, 200)).astype(float)

@@ -120,14 +120,15 @@ def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float
         reads, tokens = u * chunks, np.minimum(cmax, t)
     rereads = np.maximum(reads - u, 0.0)
     hit = np.minimum(1.0, cache_bytes / (safe_u * x.expert_bytes))
+    active = np.where(s > 0, 1.0, 0.0)  # a pass that routes no token costs nothing
     columns = {
-        "fixed": np.where(s > 0, 1.0, 0.0),
+        "fixed": active,
         "per_expert": u,
         "per_slot": s,
         "hbm": x.expert_bytes * (u + rereads * (1.0 - hit)),
         "cache": x.expert_bytes * rereads * hit,
         "compute": s * 6.0 * x.hidden * x.intermediate,
-        "serial": tokens * chunks * (x.hidden + x.intermediate),
+        "serial": active * tokens * chunks * (x.hidden + x.intermediate),
     }
     if not structure.variants:
         return columns, np.zeros(np.shape(u), np.intp)
@@ -162,7 +163,7 @@ class CalibratedRange:
         for name, (low, high) in self.bounds.items():
             value = np.maximum(x.field(name), 1e-300)
             factor = np.maximum(factor, np.maximum(value / high, low / value))
-        return factor
+        return np.where(x.slots > 0, factor, 1.0)  # an empty pass is not an extrapolation
 
 
 @dataclass(frozen=True)

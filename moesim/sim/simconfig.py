@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from moesim.errors import ConfigError, InputError
+from moesim.errors import ConfigError, InputError, MoesimError
+from moesim.hw_profiles import load_profile
+from moesim.models import load_preset
 from moesim.sim.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
 from moesim.sim.fields import FieldError, build, require
 from moesim.sim.policies import POLICIES, Policy
@@ -213,6 +215,36 @@ def _check_cap(acceptance: AcceptanceModel, policy: Policy, section: str, source
         raise ConfigError(f"{source}: key '{section}.{exc.field}': {exc.detail}") from None
 
 
+def _resolve(value: str | None, base_dir: Path) -> str | None:
+    """A preset or profile given as a file is relative to the config; names stay names."""
+    if value is None or not value.endswith((".toml", ".json")):
+        return value
+    path = Path(value)
+    return str(path if path.is_absolute() else base_dir / path)
+
+
+def _check_target(target: TargetSection, models: tuple[str | None, ...], source: str) -> None:
+    """Every target model is a preset, the profile loads and has the engine's family."""
+    for model in models:
+        if model is None:
+            continue
+        try:
+            load_preset(model)
+        except MoesimError as exc:
+            key = "target.model" if model == target.model else "study.models"
+            raise ConfigError(f"{source}: key '{key}': {exc}") from None
+    if target.profile is None:
+        return
+    try:
+        profile = load_profile(target.profile)
+    except MoesimError as exc:
+        raise ConfigError(f"{source}: key 'target.profile': {exc}") from None
+    if target.engine != "best" and target.engine not in profile.expert_families:
+        known = ", ".join([*profile.expert_families, "best"])
+        message = f"profile '{profile.name}' has no expert family '{target.engine}' (known: {known})"
+        raise ConfigError(f"{source}: key 'target.engine': {message}")
+
+
 def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudySection:
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: key 'study' must be a table")
@@ -249,6 +281,7 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
 
     cost = section(CostSection, "cost")
     target = section(TargetSection, "target")
+    target = dataclasses.replace(target, model=_resolve(target.model, base_dir), profile=_resolve(target.profile, base_dir))
     trace = section(TraceSection, "trace") if "trace" in data else None
     if trace is not None and trace.synth is not None and target.model is None:
         raise ConfigError(f"{source}: key 'target.model' is required to synthesise a trace (trace.synth)")
@@ -279,6 +312,7 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         policy=policy,
         study=_study(data["study"], source, base_dir, cost) if "study" in data else None,
     )
+    _check_target(target, config.models(), source)
     if trace is not None and trace.path is not None and MODEL_PLACEHOLDER in str(trace.path):
         for model in config.models():
             path = trace.path_for(model)

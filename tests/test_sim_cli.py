@@ -86,7 +86,11 @@ BAD = [
     (("k_max = 3", "k_max = 3\nk_init = 5"), "policy.k_init", "got 5"),
     (("output_tokens = 120", "output_tokens = 0"), "workload.output_tokens", "got 0"),
     (('kind = "table"', 'kind = "steptime"'), "target.model", "required"),
-    (("[acceptance]", '[target]\nmodel = "olmoe-1b-7b"\nprofile = "nvidia-h200"\nengine = "dedup9"\n\n[acceptance]'), "target.engine", "dedup9"),
+    (
+        ("[acceptance]", '[target]\nmodel = "olmoe-1b-7b"\nprofile = "nvidia-h200"\nengine = "dedup9"\n\n[acceptance]'),
+        "target.engine",
+        "dedup9",
+    ),
     (("[acceptance]", '[target]\nmodel = "olmoe-1b-7b"\nprofile = "no-such-gpu"\n\n[acceptance]'), "target.profile", "no-such-gpu"),
     (("[acceptance]", '[target]\nmodel = "mixtral-9x9b"\n\n[acceptance]'), "target.model", "mixtral-9x9b"),
     (("alpha = 0.7", "alpha = 0.7\nbeta = [2.0, 3.0]"), "acceptance.alpha", "exactly one"),

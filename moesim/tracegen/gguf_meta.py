@@ -139,6 +139,13 @@ def read_gguf_info(path: str | Path) -> GGUFModelInfo:
     return GGUFModelInfo(path, arch, str(name), geometry, tuple(types), context_length, tiny_spec)
 
 
+def read_gguf_name(path: str | Path) -> str:
+    """`general.name` of any GGUF model (dense ones too), else the file's stem."""
+    path = Path(path)
+    name = _field(_reader(path), "general.name")
+    return name if isinstance(name, str) and name else path.stem
+
+
 def read_gguf_geometry(path: str | Path) -> TraceGeometry:
     """The routing geometry of any GGUF MoE model (InputError if it has no experts)."""
     return read_gguf_info(path).geometry

@@ -334,11 +334,13 @@ def trace_fit(
             "seq_dispersion": list(g.seq_dispersion),  # type: ignore[arg-type]
             "reuse_1_source": result.source.reuse[:, 0],
             "reuse_1_fitted": result.fitted.reuse[:, 0],
-            "reuse_far_source": result.source.reuse_far,
-            "reuse_far_fitted": result.fitted.reuse_far,
+            "share_D_source": result.source.share_far,
+            "share_D_fitted": result.fitted.share_far,
         }
     )
-    render_table(table, title=f"Mixture routing fitted to {trace} ({result.positions} positions, {result.sequences} sequences)")
+    title = f"Mixture routing fitted to {trace} ({result.positions} positions, {result.sequences} sequences)"
+    caption = f"reuse_1 = mean |S_t ∩ S_t+1| / k; share_D = distinct experts in a window of D = {result.far_distances[1]} tokens / (D·k)"
+    render_table(table, title=title, caption=caption)
     console.print(f"wrote {out}")
 
 

@@ -195,3 +195,15 @@ def test_recording_bad_inputs_fail_with_one_line_and_no_file(cli, llama_model: P
     finally:
         locked.chmod(0o700)
     assert list(out.parent.iterdir()) == [] and list(locked.iterdir()) == []
+
+
+def test_demo_records_a_trace_through_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    code, out, err = cli("demo", "--out", tmp_path / "report")
+    assert code == 0, err
+    assert "Routing recorded through llama.cpp" in out
+    table = pl.read_csv(tmp_path / "report" / "recorded.csv")
+    assert table["layer"].to_list() == [0, 1, 2, 3]
+    assert (table["experts_used"] <= 16).all() and (table["distinct_n8"] >= table["distinct_n4"]).all()
+    assert ((table["reuse_d1"] >= 0) & (table["reuse_d1"] <= 1)).all()

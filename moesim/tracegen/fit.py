@@ -6,16 +6,19 @@ Method of simulated moments: six statistics per layer, each governed mainly by o
   only the global popularity sets ← the Zipf exponent s (one sequence only: the normalised
   entropy of its expert frequencies, and δ = 0, since a lone sequence's favourites cannot be
   told from global skew);
-- `reuse_far`: the mean overlap |S_t ∩ S_t+d| / K over d = 5..D (D = 16, or a quarter of the
-  median sequence length, at least 6) ← the sequence dispersion δ (the plateau);
-- `reuse_d` for d = 1..4 ← the lag-d keep probability (the short range, decaying or not).
+- `share_far`: the distinct experts in a window of D tokens / (D·K) (D = 16, or a quarter of the
+  median sequence length, at least 6) ← the sequence dispersion δ (a sequence with favourite
+  experts uses fewer of them);
+- `reuse_d`, the overlap |S_t ∩ S_t+d| / K, d = 1..4 ← the lag-d keep probability.
 
 Each statistic is matched by simulating the generator on the source's own sequence layout (same
-lengths, so finite-sample effects such as a few sequences are reproduced), `replicates` copies
-of it to reduce noise, with common random numbers (each layer draws from its own seed), solving
-one parameter at a time for all layers with a bracketing search (Illinois regula falsi) started
-from closed-form approximations; two Gauss-Seidel rounds settle the weak couplings. Traces
-longer than `max_positions` are fitted on their first sequences up to that many positions.
+lengths, so finite-sample effects such as few sequences are reproduced), on `replicates` copies
+of it to reduce noise, with common random numbers (each layer draws from its own seed): one
+parameter at a time for all layers, by a bracketing search (Illinois regula falsi) started from
+closed-form approximations, in Gauss-Seidel rounds until every moment of every layer is within
+3·tol. Lags 2..4 are fitted only for layers where one-lag stickiness misses reuse at d = 2..4 by
+more than 1 point (parsimony: free lags trade off against q1 and δ). Traces longer than
+`max_positions` are fitted on their first sequences up to that many positions.
 
 Parameter files are TOML: `generator` and its per-layer parameters under `[params]`, the source
 and the matched moments under `[source]` and `[fit]`. Parameters of a trace with L MoE layers
@@ -38,7 +41,7 @@ import numpy as np
 
 from moesim.atomic import write_text_atomic
 from moesim.errors import InputError
-from moesim.kernels.locality import reuse
+from moesim.kernels.locality import mean_distinct_experts, reuse
 from moesim.tracegen.schema import TraceGeometry
 from moesim.tracegen.synth import GENERATORS, Mixture, RoutingGenerator, make_generator
 from moesim.tracegen.trace import Trace
@@ -57,12 +60,13 @@ class RoutingMoments:
     """Per-layer statistics a fit matches."""
 
     popularity: np.ndarray  # (L,) cross-sequence overlap, or normalised entropy for one sequence
-    reuse_far: np.ndarray  # (L,) mean overlap over the far distances
+    reuse_far: np.ndarray  # (L,) mean overlap over the far distances (start values only)
     reuse: np.ndarray  # (L, LAGS) overlap at d = 1..LAGS
+    share_far: np.ndarray  # (L,) distinct experts in a window of D tokens / (D·K)
 
     def as_columns(self) -> np.ndarray:
-        """(L, 2 + LAGS): popularity, reuse_far, reuse_1..reuse_LAGS (the order of the parameters)."""
-        return np.column_stack([self.popularity, self.reuse_far, self.reuse])
+        """(L, 2 + LAGS): popularity, share_far, reuse_1..reuse_LAGS (the order of the parameters)."""
+        return np.column_stack([self.popularity, self.share_far, self.reuse])
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class FitResult:
 
 
 def far_window(seq_starts: np.ndarray) -> tuple[int, int]:
-    """Distances (5, D) whose mean overlap the dispersion matches: D = median length / 4 within 6..16."""
+    """The far distances (5, D) and window D: D = median sequence length / 4, within 6..16."""
     median = float(np.median(np.diff(seq_starts)))
     return LAGS + 1, int(min(16, max(LAGS + 2, median // 4)))
 
@@ -117,7 +121,8 @@ def routing_moments(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int,
         starts = seq_starts[i * n_seqs : (i + 1) * n_seqs + 1]
         rows = experts[starts[0] : starts[-1]]
         parts.append(cross_sequence_overlap(rows, starts - starts[0], n_experts) if n_seqs > 1 else normalized_entropy(rows, n_experts))
-    return RoutingMoments(np.mean(parts, axis=0), overlaps[:, far[0] - 1 : far[1]].mean(axis=1), overlaps[:, :LAGS])
+    share = mean_distinct_experts(experts, seq_starts, n_experts, far[1])[:, -1] / (far[1] * experts.shape[2])
+    return RoutingMoments(np.mean(parts, axis=0), overlaps[:, far[0] - 1 : far[1]].mean(axis=1), overlaps[:, :LAGS], share)
 
 
 def _replicated(seq_starts: np.ndarray, copies: int) -> np.ndarray:
@@ -203,11 +208,12 @@ def _solve(
     increasing: bool,
     tol: float,
     iterations: int,
+    layers: np.ndarray,
 ) -> np.ndarray:
-    """Per layer, x in [low, high] with evaluate(x, layers) = target (evaluate monotone), by Illinois
-    regula falsi from the bracket x0 ± width, widened to the range on the side where the target
-    lies beyond it; a layer stops once |evaluate − target| < tol (only layers still searching are
-    simulated); an unreachable target clamps x to the nearer end."""
+    """Per layer of the mask `layers`, x in [low, high] with evaluate(x, layers) = target (evaluate
+    monotone), by Illinois regula falsi from the bracket x0 ± width, widened to the range on the
+    side where the target lies beyond it; a layer stops once |evaluate − target| < tol (only
+    layers still searching are simulated); an unreachable target clamps x to the nearer end."""
     sign = 1.0 if increasing else -1.0
 
     def f(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -217,16 +223,15 @@ def _solve(
             out[idx] = sign * (evaluate(x, idx) - target[idx])
         return out
 
-    every = np.ones(x0.shape[0], bool)
     a, b = np.clip(x0 - width, low, high), np.clip(x0 + width, low, high)
-    fa, fb = f(a, every), f(b, every)
-    below, above = fa > 0, fb < 0  # the target lies beyond the bracket: widen it to the range
+    fa, fb = f(a, layers), f(b, layers)
+    below, above = layers & (fa > 0), layers & (fb < 0)  # the target lies beyond the bracket: widen it to the range
     a = np.where(below, low, a)
     fa = np.where(below, f(a, below), fa)
     b = np.where(above, high, b)
     fb = np.where(above, f(b, above), fb)
-    active = (fa < 0) & (fb > 0) & (np.minimum(-fa, fb) >= tol)
-    x = np.where(np.abs(fa) <= np.abs(fb), a, b)
+    active = layers & (fa < 0) & (fb > 0) & (np.minimum(-fa, fb) >= tol)
+    x = np.where(layers, np.where(np.abs(fa) <= np.abs(fb), a, b), x0)
     side = np.zeros_like(x)
     for _ in range(iterations):
         if not active.any():
@@ -245,12 +250,15 @@ def _solve(
 
 
 WIDTHS = np.array([0.15, 0.4] + [0.05] * LAGS)  # first brackets around the start values
+INCREASING = (True, False, *([True] * LAGS))  # each moment against its parameter
+LAG_GAP = 0.01  # lags 2..4 are fitted where one-lag stickiness misses reuse_2..4 by more than this
 
 
 def fit_mixture(
-    trace: Trace, seed: int = 0, replicates: int = 0, max_positions: int = 1 << 15, rounds: int = 2, tol: float = 1e-3
+    trace: Trace, seed: int = 0, replicates: int = 0, max_positions: int = 1 << 15, rounds: int = 6, tol: float = 1e-3
 ) -> FitResult:
-    """Fit per-layer (s, δ, q1..q4) of the mixture generator to a trace by simulated moments."""
+    """Fit per-layer (s, δ, q1..q4) of the mixture generator to a trace by simulated moments; rounds
+    repeat over the layers whose moments are not all within 3·tol of the source's."""
     g = trace.meta.geometry
     experts, starts = _clip_source(trace, max_positions)
     far = far_window(starts)
@@ -260,27 +268,53 @@ def fit_mixture(
     simulate = _Simulator(g, starts, far, replicates or max(1, math.ceil(MIN_POSITIONS_SIMULATED / int(starts[-1]))), seed)
     several = len(starts) > 2
     x = initial_guess(source, g, several)
+    x[:, 3:] = 0.0
     targets = source.as_columns()
-    for _ in range(rounds):
-        for j in range(2 + LAGS):
-            if j == 1 and not several:
-                continue
-            if j < 2:
-                low, high = (
-                    np.full(x.shape[0], (ZIPF_RANGE, LOG_DISPERSION_RANGE)[j][0]),
-                    np.full(x.shape[0], (ZIPF_RANGE, LOG_DISPERSION_RANGE)[j][1]),
+    fitting = _GaussSeidel(simulate, targets, several, tol, rounds)
+    base = [0, 1, 2] if several else [0, 2]
+    fitted = fitting.run(x, base, np.ones(x.shape[0], bool))
+    # lags 2..LAGS only where one-lag stickiness leaves the short range off by more than LAG_GAP
+    needs_lags = (np.abs(fitted.as_columns() - targets)[:, 3:] > LAG_GAP).any(axis=1)
+    if needs_lags.any():
+        fitted = fitting.run(x, [*base, *range(3, 2 + LAGS)], needs_lags)
+    return FitResult(_rounded_generator(x), source, fitted, far, int(starts[-1]), len(starts) - 1)
+
+
+class _GaussSeidel:
+    """Rounds of one-parameter solves (in place on x) until every fitted moment is within 3·tol."""
+
+    def __init__(self, simulate: _Simulator, targets: np.ndarray, several: bool, tol: float, rounds: int) -> None:
+        self.simulate, self.targets, self.several, self.tol, self.rounds = simulate, targets, several, tol, rounds
+
+    def _bounds(self, x: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
+        if j < 2:
+            low, high = (ZIPF_RANGE, LOG_DISPERSION_RANGE)[j]
+            return np.full(x.shape[0], low), np.full(x.shape[0], high)
+        room = KEEP_LIMIT - (np.abs(x[:, 2:]).sum(axis=1) - np.abs(x[:, j]))
+        return -room, room
+
+    def run(self, x: np.ndarray, params: list[int], layers: np.ndarray) -> RoutingMoments:
+        """Solve the parameters `params` of the masked layers; returns the moments of all layers."""
+        open_layers = layers.copy()
+        fitted = self.simulate(x)
+        for _ in range(self.rounds):
+            for j in params:
+
+                def evaluate(values: np.ndarray, idx: np.ndarray, j: int = j) -> np.ndarray:
+                    trial = x.copy()
+                    trial[:, j] = values
+                    return self.simulate(trial, idx).as_columns()[:, j]
+
+                increasing = INCREASING[j] if j else self.several  # one sequence: entropy falls with s
+                x[:, j] = _solve(
+                    evaluate, self.targets[:, j], x[:, j], *self._bounds(x, j), WIDTHS[j], increasing, self.tol, 10, open_layers
                 )
-            else:
-                room = KEEP_LIMIT - (np.abs(x[:, 2:]).sum(axis=1) - np.abs(x[:, j]))
-                low, high = -room, room
-
-            def evaluate(values: np.ndarray, idx: np.ndarray, j: int = j) -> np.ndarray:
-                trial = x.copy()
-                trial[:, j] = values
-                return simulate(trial, idx).as_columns()[:, j]
-
-            x[:, j] = _solve(evaluate, targets[:, j], x[:, j], low, high, WIDTHS[j], j != 0 or several, tol, 10)
-    return FitResult(_rounded_generator(x), source, simulate(x), far, int(starts[-1]), len(starts) - 1)
+            fitted = self.simulate(x)
+            gap = np.abs(fitted.as_columns() - self.targets)[:, params]
+            open_layers = layers & (gap > 3 * self.tol).any(axis=1)
+            if not open_layers.any():
+                break
+        return fitted
 
 
 def _rounded_generator(x: np.ndarray) -> Mixture:
@@ -340,11 +374,11 @@ def write_fit(path: str | Path, result: FitResult, trace_path: str | Path, geome
     }
     popularity = "cross-sequence overlap" if result.sequences > 1 else "normalised entropy"
     fit: dict[str, Any] = {
-        "method": f"simulated moments: {popularity} <- zipf_exponent, mean reuse over far distances <- seq_dispersion, "
+        "method": f"simulated moments: {popularity} <- zipf_exponent, distinct experts per window of D tokens <- seq_dispersion, "
         f"reuse at d <- keep_prob (d = 1) and keep_prob_d (d = 2..{LAGS})",
-        "far_distances": list(result.far_distances),
+        "window_D": result.far_distances[1],
     }
-    for name, column in (("popularity", 0), ("reuse_far", 1), *((f"reuse_{d}", 1 + d) for d in range(1, LAGS + 1))):
+    for name, column in (("popularity", 0), ("share_far", 1), *((f"reuse_{d}", 1 + d) for d in range(1, LAGS + 1))):
         fit[f"{name}_source"] = _rounded(result.source.as_columns()[:, column])
         fit[f"{name}_fitted"] = _rounded(result.fitted.as_columns()[:, column])
     write_text_atomic(path, params_toml(result.generator, source, fit))

@@ -47,13 +47,10 @@ import pyarrow.ipc as ipc
 
 from moesim.atomic import check_writable
 from moesim.errors import InputError
-from moesim.tracegen.schema import TraceGeometry, check_geometry
+from moesim.tracegen.schema import META_FORMAT_KEY, META_JSON_KEY, META_VERSION_KEY, TraceGeometry, check_geometry
 
 SPECRUN_FORMAT = "speculative-run"
 SPECRUN_FORMAT_VERSION = 1
-META_FORMAT_KEY = b"moesim.format"
-META_VERSION_KEY = b"moesim.format_version"
-META_JSON_KEY = b"moesim.meta"
 
 
 @dataclass(frozen=True)

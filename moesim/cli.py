@@ -350,7 +350,7 @@ def trace_fit(
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input or usage)."""
     try:
-        app(args=argv, prog_name="moesim", standalone_mode=False)
+        code = app(args=argv, prog_name="moesim", standalone_mode=False)  # a command's typer.Exit(n) returns n here
     except MoesimError as exc:
         err_console.print(f"moesim: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     except (click.exceptions.Abort, KeyboardInterrupt):
         err_console.print("moesim: interrupted")
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def entry() -> None:

@@ -124,6 +124,10 @@ def test_one_batch_and_token_by_token_record_identical_ids(arch: str, tmp_path: 
     assert a.seq_lengths().tolist() == [n + 10 for n in lengths]
     assert [int(a.is_prompt[a.seq_starts[i] : a.seq_starts[i + 1]].sum()) for i in range(a.n_seqs)] == lengths
     assert a.experts.max() < spec.experts
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    assert ipc.open_file(pa.memory_map(str(batched))).read_all().num_rows == a.n_tokens * len(moe_layers)
     np.testing.assert_allclose(a.weights.sum(axis=2), 1.0, atol=1e-5)  # both normalise the top-k weights
 
 
@@ -183,6 +187,10 @@ def test_recording_bad_inputs_fail_with_one_line_and_no_file(cli, llama_model: P
     assert_one_line_error(code, err, "nofield.jsonl", "line 1", "field 'prompt'")
     code, _, err = cli("trace", "record", llama_model, "--prompts", tmp_path / "none.txt", "--out", out)
     assert_one_line_error(code, err, "none.txt", "no such prompt file")
+    long_prompt = _prompt_file(tmp_path / "out", ["x" * 5000])
+    code, _, err = cli("trace", "record", llama_model, "--prompts", long_prompt, "--out", out)
+    assert_one_line_error(code, err, "prompts.txt", "line 1", "context length 4096")
+    long_prompt.unlink()
     code, _, err = cli("trace", "record", llama_model, "--prompts", good, "--out", tmp_path / "nodir" / "t.arrow")
     assert_one_line_error(code, err, "does not exist")
     locked = tmp_path / "locked"
@@ -207,3 +215,25 @@ def test_demo_records_a_trace_through_llama_cpp(cli, tmp_path: Path) -> None:  #
     assert table["layer"].to_list() == [0, 1, 2, 3]
     assert (table["experts_used"] <= 16).all() and (table["distinct_n8"] >= table["distinct_n4"]).all()
     assert ((table["reuse_d1"] >= 0) & (table["reuse_d1"] <= 1)).all()
+
+
+def test_ctrl_c_on_the_command_line(llama_model: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    prompts = _prompt_file(tmp_path, [f"prompt {i} about mixture of experts" for i in range(5000)])
+    out = tmp_path / "t.arrow"
+    command = [sys.executable, "-m", "moesim", "trace", "record", str(llama_model), "--prompts", str(prompts)]
+    process = subprocess.Popen([*command, "--max-tokens", "16", "--threads", "1", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".t.arrow.*.part")) and time.monotonic() < deadline:  # the writer is open
+        time.sleep(0.05)
+    time.sleep(1.0)  # a few dozen prompts complete
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted: kept" in lines[0], err
+    trace = read_trace(out)
+    assert trace.n_seqs >= 1 and not list(tmp_path.glob("*.part"))

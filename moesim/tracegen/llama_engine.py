@@ -150,13 +150,17 @@ class LlamaModel(Closing):
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text`, with BOS when the vocabulary adds one."""
+        if self._llama.llama_vocab_type(self.vocab) == self._llama.LLAMA_VOCAB_TYPE_NONE:
+            raise InputError(f"{self.path}: the model has no tokenizer (tokenizer.ggml.model 'no_vocab'); text prompts need one")
         data = text.encode()
         capacity = len(data) + 8
-        buffer = (self._llama.llama_token * capacity)()
-        n = self._llama.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
-        if n < 0:
-            raise EngineError(f"{self.path}: tokenizing a prompt of {len(data)} bytes failed")
-        return list(buffer[:n])
+        for _ in range(2):
+            buffer = (self._llama.llama_token * capacity)()
+            n = self._llama.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
+            if n >= 0:
+                return list(buffer[:n])
+            capacity = -n  # the buffer was too small: llama.cpp says how many it needs
+        raise EngineError(f"{self.path}: tokenizing a prompt of {len(data)} bytes failed")
 
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for."""

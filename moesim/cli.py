@@ -98,18 +98,22 @@ def trace_synth(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     uniform: Annotated[bool, typer.Option("--uniform", help="Independent uniform routing.")] = False,
     sticky: Annotated[float | None, typer.Option(help="Keep each expert of the previous token with this probability.")] = None,
-    zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (sticky; 0 = uniform).")] = 0.0,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (alone: independent tokens; 0 = uniform).")] = 0.0,
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
     params: Annotated[Path | None, typer.Option(help="Generator parameters (from `trace fit`), mapped onto the preset's layers.")] = None,
 ) -> None:
     """Write a synthetic routing trace for a model preset."""
     from moesim.models import load_preset
-    from moesim.tracegen.synth import RoutingGenerator, Sticky, Uniform, synthesize
+    from moesim.tracegen.synth import RoutingGenerator, Sticky, Uniform, Zipf, synthesize
     from moesim.tracegen.trace import write_trace
 
     if uniform and sticky is not None:
         raise InputError("--uniform and --sticky exclude each other")
+    if uniform and zipf:
+        raise InputError("--uniform and --zipf exclude each other")
     generator: RoutingGenerator = Sticky(keep_prob=sticky, zipf_exponent=zipf) if sticky is not None else Uniform()
+    if sticky is None and zipf:
+        generator = Zipf(exponent=zipf)
     preset = load_preset(model)
     if params is not None:
         from moesim.tracegen.fit import load_params

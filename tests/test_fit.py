@@ -212,3 +212,15 @@ def test_fit_rejects_traces_too_short(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="longer than"):
         fit_mixture(short)
     write_trace(tmp_path / "short.arrow", short)
+
+
+def test_zipf_from_the_command_line(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "z.arrow"
+    code, _, err = cli("trace", "synth", "--model", "olmoe-1b-7b", "--zipf", 1.2, "--tokens", 2000, "--out", out)
+    assert code == 0, err
+    trace = read_trace(out)
+    assert trace.meta.generator["name"] == "zipf"
+    counts = np.bincount(trace.experts[:, 0, :].reshape(-1), minlength=64)
+    assert counts.max() > 4 * counts.mean()  # skewed, where uniform routing would stay near the mean
+    code, _, err = cli("trace", "synth", "--model", "olmoe-1b-7b", "--zipf", 1.2, "--uniform", "--out", out)
+    assert_one_line_error(code, err, "--uniform and --zipf")

@@ -170,3 +170,21 @@ def test_import_cli_errors(cli, tmp_path: Path) -> None:  # type: ignore[no-unty
     code, _, err = cli("trace", "import", odd, "--model", "qwen3-0.6b", "--out", tmp_path / "t.arrow")
     assert_one_line_error(code, err, "has no experts")
     assert not (tmp_path / "t.arrow").exists()
+
+
+def test_malformed_extras_are_one_line_errors(tmp_path: Path) -> None:
+    frame = _as_table(_known_trace(seqs=1, tokens=2)).with_columns(pl.lit("maybe").alias("is_prompt"))
+    path = tmp_path / "t.csv"
+    frame.write_csv(path)
+    with pytest.raises(InputError, match="column 'is_prompt' does not convert"):
+        import_routing(path, GEOMETRY)
+    geometry = TraceGeometry.from_preset(load_preset("mixtral-8x7b"))
+    logits = {f"router_logits.{j}": np.zeros((6, 8), np.float32) for j in range(32)}
+    npz = tmp_path / "l.npz"
+    np.savez(npz, **logits, input_ids=np.zeros((2, 4), np.int64))
+    with pytest.raises(InputError, match="tensor 'input_ids' has shape"):
+        import_routing(npz, geometry)
+    step = tmp_path / "step.npz"
+    np.savez(step, topk_ids=np.zeros((26, 3, 6), np.int32), topk_weights=np.zeros((26, 2, 6), np.float32))
+    with pytest.raises(InputError, match="'topk_weights' has shape"):
+        import_routing(step, GEOMETRY)

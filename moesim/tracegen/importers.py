@@ -117,6 +117,18 @@ def _int_column(frame: pl.DataFrame, name: str, path: Path) -> np.ndarray:
     return values
 
 
+def _cast(frame: pl.DataFrame, name: str, dtype: pl.DataType, path: Path) -> np.ndarray:
+    """An optional column as numpy of a given type (one line naming it when it does not convert)."""
+    try:
+        column = frame[name].cast(dtype)
+    except pl.exceptions.PolarsError:
+        raise InputError(f"{path}: column '{name}' does not convert to {dtype}") from None
+    if column.null_count():
+        row = int(np.flatnonzero(column.is_null().to_numpy())[0])
+        raise InputError(f"{path}: row {row}: field '{name}' is empty")
+    return column.to_numpy()
+
+
 def import_table(path: Path, geometry: TraceGeometry, normalize: bool = False) -> Trace:
     """A Parquet/CSV table of (seq, token, layer, slot, expert[, weight]) rows."""
     frame = _read_table(path)
@@ -157,11 +169,11 @@ def import_table(path: Path, geometry: TraceGeometry, normalize: bool = False) -
     experts = expert[order].reshape(-1, n_layers, k)
     weights = None
     if "weight" in frame.columns:
-        weights = frame["weight"].cast(pl.Float32).to_numpy()[order].reshape(-1, n_layers, k)
+        weights = _cast(frame, "weight", pl.Float32, path)[order].reshape(-1, n_layers, k)
         if not np.isfinite(weights).all():
             raise InputError(f"{path}: column 'weight' holds an empty or non-finite value")
-    prompt = frame["is_prompt"].cast(pl.Boolean).to_numpy()[order][:: n_layers * k] if "is_prompt" in frame.columns else None
-    token_id = frame["token_id"].cast(pl.Int32).to_numpy()[order][:: n_layers * k] if "token_id" in frame.columns else None
+    prompt = _cast(frame, "is_prompt", pl.Boolean, path)[order][:: n_layers * k] if "is_prompt" in frame.columns else None
+    token_id = _cast(frame, "token_id", pl.Int32, path)[order][:: n_layers * k] if "token_id" in frame.columns else None
     sequences = []
     starts = np.flatnonzero(np.r_[True, pos_seq[1:] != pos_seq[:-1]])
     for a, b in zip(starts, np.r_[starts[1:], pos_seq.shape[0]], strict=True):
@@ -236,6 +248,9 @@ def import_hf_logits(path: Path, geometry: TraceGeometry, normalize: bool = Fals
     if first.ndim == 2 and input_ids is not None and input_ids.ndim == 2 and input_ids.size == first.shape[0]:
         batch_shape = input_ids.shape
     stacked = np.stack([v.reshape(*batch_shape, geometry.experts) for v in logits], axis=2).astype(np.float64)  # (B, S, L, E)
+    for name in ("input_ids", "attention_mask"):
+        if name in arrays and np.asarray(arrays[name]).size != batch_shape[0] * batch_shape[1]:
+            raise InputError(f"{path}: tensor '{name}' has shape {np.asarray(arrays[name]).shape}, the logits hold {batch_shape} tokens")
     mask = arrays.get("attention_mask")
     mask = np.ones(batch_shape, bool) if mask is None else np.asarray(mask).reshape(batch_shape).astype(bool)
     ids = None if input_ids is None else np.asarray(input_ids).reshape(batch_shape)
@@ -267,6 +282,8 @@ def import_vllm(path: Path, geometry: TraceGeometry, normalize: bool = False) ->
             raise InputError(f"{file}: array 'topk_ids' has shape {step.shape}, expected ({n_layers}, tokens, {k}) for {geometry.model}")
         n = step.shape[1]
         ids.append(step.transpose(1, 0, 2))
+        if "topk_weights" in arrays and np.asarray(arrays["topk_weights"]).shape != step.shape:
+            raise InputError(f"{file}: array 'topk_weights' has shape {np.asarray(arrays['topk_weights']).shape}, 'topk_ids' {step.shape}")
         weights.append(np.asarray(arrays["topk_weights"]).transpose(1, 0, 2) if "topk_weights" in arrays else None)
         for name, store, default in (
             ("seq", seqs, np.zeros(n, np.int64)),

@@ -26,9 +26,13 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
 
+from moesim.errors import InputError
 from moesim.sim.fields import FieldError, require
 from moesim.sim.speculation import tokens_per_pass
+from moesim.tracegen.specrun import META_FORMAT_KEY, SPECRUN_FORMAT, read_spec_run
 
 BLOCK_DRAWS = 4096  # uniforms drawn at once per request (fewer if the request is shorter)
 _STREAM_ACCEPTANCE = 0xACCE  # tag separating the acceptance streams from other seeded streams
@@ -369,14 +373,35 @@ class _RecordedRequest:
         return tau
 
 
+def _spec_run_counts(path: Path) -> tuple[list[np.ndarray], int] | None:
+    """Accepted counts per sequence and the draft length of a speculative-run file (contract 2);
+    None when `path` is not one."""
+    try:
+        metadata = ipc.open_file(pa.memory_map(str(path), "r")).schema.metadata or {}
+    except (pa.ArrowInvalid, OSError):
+        return None
+    if metadata.get(META_FORMAT_KEY) != SPECRUN_FORMAT.encode():
+        return None
+    try:
+        run = read_spec_run(path)
+    except InputError as exc:
+        raise FieldError("file", str(exc)) from None
+    return [g["accepted"].to_numpy() for g in run.steps.partition_by("seq", maintain_order=True)], run.meta.draft_len
+
+
 def read_accepted_counts(path: Path) -> tuple[list[np.ndarray], int | None]:
-    """Accepted counts per sequence from a file: .npy (one sequence), or CSV/Parquet/Arrow with an
-    `accepted` column (optional `seq` to split sequences, `drafted` for the draft length)."""
+    """Accepted counts per sequence from a file: a speculative run (contract 2, Arrow), a .npy
+    (one sequence), or a CSV/Parquet/Arrow table with an `accepted` column (optional `seq` to
+    split sequences, `drafted` for the draft length)."""
     if not path.is_file():
         raise FieldError("file", f"no such file {path}")
     reader = {".csv": pl.read_csv, ".parquet": pl.read_parquet, ".arrow": pl.read_ipc}.get(path.suffix)
     if path.suffix != ".npy" and reader is None:
         raise FieldError("file", f"{path} must be .npy, .csv, .parquet or .arrow")
+    if path.suffix == ".arrow":
+        spec_run = _spec_run_counts(path)
+        if spec_run is not None:
+            return spec_run  # type: ignore[return-value]
     try:
         if reader is None:
             return [np.asarray(np.load(path, allow_pickle=False))], None
@@ -394,8 +419,8 @@ def read_accepted_counts(path: Path) -> tuple[list[np.ndarray], int | None]:
 @register_acceptance
 @dataclass(frozen=True)
 class Recorded:
-    """Replays the accepted counts of a speculative run (a list, or a file with an `accepted`
-    column and optional `seq`). Request r replays sequence r mod S by text position: the
+    """Replays the accepted counts of a speculative run (a list; a speculative-run file, contract 2;
+    or a table with an `accepted` column and optional `seq`). Request r replays sequence r mod S by text position: the
     recorded step j covering position p (it started at p_j and accepted a_j drafts) says the
     drafts from p on match up to p_j + a_j, so A = p_j + a_j - p; positions past the recording
     wrap. Exact for k <= the recorded draft length K with a deterministic drafter; longer drafts

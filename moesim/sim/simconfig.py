@@ -33,6 +33,7 @@ from moesim.sim.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
 from moesim.sim.fields import FieldError, build, require
 from moesim.sim.policies import POLICIES, Policy
 from moesim.sim.workload import Arrivals, Workload
+from moesim.tracegen.synth import make_generator
 
 MODEL_PLACEHOLDER = "{model}"
 
@@ -283,8 +284,13 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
     target = section(TargetSection, "target")
     target = dataclasses.replace(target, model=_resolve(target.model, base_dir), profile=_resolve(target.profile, base_dir))
     trace = section(TraceSection, "trace") if "trace" in data else None
-    if trace is not None and trace.synth is not None and target.model is None:
-        raise ConfigError(f"{source}: key 'target.model' is required to synthesise a trace (trace.synth)")
+    if trace is not None and trace.synth is not None:
+        if target.model is None:
+            raise ConfigError(f"{source}: key 'target.model' is required to synthesise a trace (trace.synth)")
+        try:
+            make_generator(trace.synth, **trace.synth_params)
+        except InputError as exc:
+            raise ConfigError(f"{source}: key 'trace.synth': {exc}") from None
     if cost.kind == "steptime":
         for key in ("model", "profile"):
             if getattr(target, key) is None:

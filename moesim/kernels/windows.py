@@ -7,14 +7,18 @@ never crosses a sequence boundary). Per window and MoE layer: n·K slots, U dist
 (what a deduplicating engine reads) and M = max tokens per expert (the most of the window's
 tokens that select one expert).
 
-How it is counted, in one pass over the rows. Per layer and expert the scan keeps a 64-bit
-mask of the rows (relative to the latest) where the expert occurred. For row t and d < N:
+How it is counted, in one pass over the rows. Per layer and expert the scan keeps a mask of
+the last N rows (bit i = row t-i) where the expert occurred: every row shifts all masks by one
+and sets bit 0 of the row's experts (masks of 16, 32 or 64 bits, the narrowest that holds N).
+For row t and d < N:
     new_d(t) = slots of row t whose expert does not occur in rows t-d..t-1,
     top_d(t) = max over slots of row t of the occurrences of its expert in rows t-d..t
 (popcounts of the slot's mask). With V_t[d] = U and W_t[d] = M of the window of d+1 rows
 ending at t:
     V_t[d] = V_{t-1}[d-1] + new_d(t),    W_t[d] = max(W_{t-1}[d-1], top_d(t)),
-one shifted vector add and max per row and layer. N <= 64 (the mask's width).
+one shifted vector add and max per row and layer, written straight into the output (the
+previous output row is V_{t-1}, W_{t-1}). N <= 64. About 35 ns per row and layer at N = 16 on
+one Zen 4 core; `docs/performance.md` has the measurements.
 
 Products of that scan:
 - `window_features`: per-window arrays (rows, L, N) for a range of last rows;
@@ -37,7 +41,7 @@ import numpy as np
 
 from moesim.kernels.features import RoutingFeatures
 
-MAX_PASS_LIMIT = 64  # the occurrence masks are 64-bit
+MAX_PASS_LIMIT = 64  # the widest occurrence mask
 _SUMMARY_BLOCK = 1024  # rows of per-window arrays a summary reduces at a time (stays in L2)
 
 _M1 = np.uint64(0x5555555555555555)
@@ -48,36 +52,36 @@ _H01 = np.uint64(0x0101010101010101)
 
 @numba.njit(cache=True, inline="always")
 def _popcount(x):  # noqa: ANN001, ANN202
-    """Set bits of a uint64 (LLVM turns this into a vector popcount)."""
+    """Set bits of an unsigned mask (LLVM turns this into a vector popcount)."""
     x = x - ((x >> np.uint64(1)) & _M1)
     x = (x & _M2) + ((x >> np.uint64(2)) & _M2)
     x = (x + (x >> np.uint64(4))) & _M4
     return np.int64((x * _H01) >> np.uint64(56))
 
 
-@numba.njit(cache=True)
-def _low_masks(max_pass):  # noqa: ANN001, ANN202
-    """low[d] = bits 0..d set: rows t-d..t of a mask whose bit i is row t-i."""
-    low = np.empty(max_pass, np.uint64)
-    for d in range(max_pass):
-        low[d] = (np.uint64(2) << np.uint64(d)) - np.uint64(1)
-    return low
+def _low_masks(max_pass: int) -> np.ndarray:
+    """low[d] = bits 0..d set (rows t-d..t), in the narrowest mask type that holds max_pass bits."""
+    dtype = np.uint16 if max_pass <= 16 else np.uint32 if max_pass <= 32 else np.uint64
+    return np.array([(1 << (d + 1)) - 1 for d in range(max_pass)], dtype)
 
 
 @numba.njit(cache=True, inline="always")
-def _row_step(experts, t, layer, lo, last_row, occ, slot_mask, low, new_at, top_at, vu, vm):  # noqa: ANN001, ANN202
-    """Advance layer `layer` to row t: update the occurrence masks, then V_t and W_t in vu/vm
-    (occurrences before row `lo` count as none)."""
+def _row_step(experts, t, layer, lo, occ, slot_mask, low, new_at, top_at):  # noqa: ANN001, ANN202
+    """Advance layer `layer` to row t: update the occurrence masks, fill new_at and top_at
+    (the masks start empty at row `lo`: the sequence start, or where the scan began)."""
     k = experts.shape[2]
     max_pass = low.shape[0]
+    n_experts = occ.shape[1]
+    if t == lo:
+        for e in range(n_experts):
+            occ[layer, e] = 0
+    else:
+        for e in range(n_experts):
+            occ[layer, e] = occ[layer, e] << 1
     for j in range(k):
         e = np.intp(experts[t, layer, j])
-        p = last_row[layer, e]
-        shift = t - p
-        old = occ[layer, e] << np.uint64(shift) if (p >= lo and shift < 64) else np.uint64(0)
-        mask = old | np.uint64(1)
+        mask = occ[layer, e] | 1
         occ[layer, e] = mask
-        last_row[layer, e] = t
         slot_mask[j] = mask
     for d in range(max_pass):
         new_at[d] = 0
@@ -91,33 +95,20 @@ def _row_step(experts, t, layer, lo, last_row, occ, slot_mask, low, new_at, top_
             c3 = np.int16(_popcount(m3 & low[d]))
             new_at[d] += np.int16(c0 == 1) + np.int16(c1 == 1) + np.int16(c2 == 1) + np.int16(c3 == 1)
             top_at[d] = max(top_at[d], max(max(c0, c1), max(c2, c3)))
-    for d in range(1, max_pass):  # new_at/top_at become V_t/W_t (a separate array vectorises)
-        new_at[d] += vu[layer, d - 1]
-        top_at[d] = max(top_at[d], vm[layer, d - 1])
-    for d in range(max_pass):
-        vu[layer, d] = new_at[d]
-        vm[layer, d] = top_at[d]
 
 
 @numba.njit(cache=True)
-def _scan_state(n_layers, n_experts, k, max_pass):  # noqa: ANN001, ANN202
-    last_row = np.full((n_layers, n_experts), -1, np.int64)
-    occ = np.zeros((n_layers, n_experts), np.uint64)
-    slot_mask = np.zeros(-(-k // 4) * 4, np.uint64)  # padding masks stay 0: no count, no max
+def _window_rows(experts, seq_starts, n_experts, low, r0, r1, out_u, out_m):  # noqa: ANN001, ANN202
+    """out[t - r0 + N - 1, l, n-1] = U, M of the window of n rows ending at row t, for t in
+    [r0, r1) (N = len(low)); 0 where that window would start before its sequence. The first
+    N - 1 rows of out are scratch: rows r0-N+1..r0-1 are scanned there (windows ending at r0
+    start no earlier), and each row's V, W are the previous row's shifted by one lane."""
+    _, n_layers, k = experts.shape
+    max_pass = low.shape[0]
+    occ = np.zeros((n_layers, n_experts), low.dtype)
+    slot_mask = np.zeros(-(-k // 4) * 4, low.dtype)  # padding masks stay 0: no count, no max
     new_at = np.zeros(max_pass, np.int16)
     top_at = np.zeros(max_pass, np.int16)
-    vu = np.zeros((n_layers, max_pass), np.int16)
-    vm = np.zeros((n_layers, max_pass), np.int16)
-    return last_row, occ, slot_mask, new_at, top_at, vu, vm
-
-
-@numba.njit(cache=True)
-def _window_rows(experts, seq_starts, n_experts, max_pass, r0, r1, out_u, out_m):  # noqa: ANN001, ANN202
-    """out[t - r0, l, n-1] = U, M of the window of n rows ending at row t, for t in [r0, r1);
-    0 where that window would start before its sequence."""
-    _, n_layers, k = experts.shape
-    last_row, occ, slot_mask, new_at, top_at, vu, vm = _scan_state(n_layers, n_experts, k, max_pass)
-    low = _low_masks(max_pass)
     scan_lo = max(0, r0 - max_pass + 1)
     s = np.searchsorted(seq_starts, scan_lo, side="right") - 1
     t = scan_lo
@@ -125,16 +116,23 @@ def _window_rows(experts, seq_starts, n_experts, max_pass, r0, r1, out_u, out_m)
         lo = max(seq_starts[s], scan_lo)
         stop = min(seq_starts[s + 1], r1)
         while t < stop:
+            b = t - r0 + max_pass - 1
             span = t - lo  # windows of up to span + 1 rows end at t
             for layer in range(n_layers):
-                _row_step(experts, t, layer, lo, last_row, occ, slot_mask, low, new_at, top_at, vu, vm)
-                if t >= r0:
-                    for d in range(max_pass):
-                        out_u[t - r0, layer, d] = vu[layer, d]
-                        out_m[t - r0, layer, d] = vm[layer, d]
-                    for d in range(span + 1, max_pass):
-                        out_u[t - r0, layer, d] = 0
-                        out_m[t - r0, layer, d] = 0
+                _row_step(experts, t, layer, lo, occ, slot_mask, low, new_at, top_at)
+                out_u[b, layer, 0] = k
+                out_m[b, layer, 0] = 1
+                if span == 0:
+                    for d in range(1, max_pass):
+                        out_u[b, layer, d] = 0
+                        out_m[b, layer, d] = 0
+                    continue
+                for d in range(1, max_pass):  # V_t[d] = V_{t-1}[d-1] + new_d(t); W likewise with max
+                    out_u[b, layer, d] = out_u[b - 1, layer, d - 1] + new_at[d]
+                    out_m[b, layer, d] = max(out_m[b - 1, layer, d - 1], top_at[d])
+                for d in range(span + 1, max_pass):
+                    out_u[b, layer, d] = 0
+                    out_m[b, layer, d] = 0
             t += 1
         s += 1
 
@@ -156,22 +154,22 @@ def _accumulate(out_u, out_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN
 
 
 @numba.njit(cache=True)
-def _summarize_rows(experts, seq_starts, n_experts, max_pass, r0, r1, buf_u, buf_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN202
+def _summarize_rows(experts, seq_starts, n_experts, low, r0, r1, buf_u, buf_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN202
     """Add every window ending at a row in [r0, r1) to the summary, a block of rows at a time."""
-    block = buf_u.shape[0]
+    lead = low.shape[0] - 1
+    block = buf_u.shape[0] - lead
     for b0 in range(r0, r1, block):
         b1 = min(b0 + block, r1)
-        out_u, out_m = buf_u[: b1 - b0], buf_m[: b1 - b0]
-        _window_rows(experts, seq_starts, n_experts, max_pass, b0, b1, out_u, out_m)
-        _accumulate(out_u, out_m, joint, sum_u, sum_u2, sum_m)
+        _window_rows(experts, seq_starts, n_experts, low, b0, b1, buf_u, buf_m)
+        _accumulate(buf_u[lead : lead + b1 - b0], buf_m[lead : lead + b1 - b0], joint, sum_u, sum_u2, sum_m)
 
 
 @numba.njit(cache=True, parallel=True)
-def _summarize_parallel(experts, seq_starts, n_experts, max_pass, bounds, buf_u, buf_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN202
+def _summarize_parallel(experts, seq_starts, n_experts, low, bounds, buf_u, buf_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN202
     """`_summarize_rows` for row ranges [bounds[b], bounds[b+1]) in parallel, range b into [b]."""
     for b in numba.prange(bounds.shape[0] - 1):
         _summarize_rows(
-            experts, seq_starts, n_experts, max_pass, bounds[b], bounds[b + 1], buf_u[b], buf_m[b], joint[b], sum_u[b], sum_u2[b], sum_m[b]
+            experts, seq_starts, n_experts, low, bounds[b], bounds[b + 1], buf_u[b], buf_m[b], joint[b], sum_u[b], sum_u2[b], sum_m[b]
         )
 
 
@@ -243,7 +241,8 @@ class WindowFeatures:
 
 
 def _window_buffers(n_rows: int, n_layers: int, k: int, n_experts: int, max_pass: int) -> tuple[np.ndarray, np.ndarray]:
-    shape = (n_rows, n_layers, max_pass)
+    """Output of `_window_rows` for n_rows rows, after its max_pass - 1 scratch rows."""
+    shape = (n_rows + max_pass - 1, n_layers, max_pass)
     return np.zeros(shape, _feature_dtype(min(max_pass * k, n_experts))), np.zeros(shape, _feature_dtype(max_pass))
 
 
@@ -258,8 +257,8 @@ def window_features(
         raise ValueError(f"rows {rows} outside 0..{experts.shape[0]}")
     out_u, out_m = _window_buffers(r1 - r0, experts.shape[1], experts.shape[2], n_experts, max_pass)
     if r1 > r0:
-        _window_rows(experts, starts, n_experts, max_pass, r0, r1, out_u, out_m)
-    return WindowFeatures((r0, r1), experts.shape[2], out_u, out_m)
+        _window_rows(experts, starts, n_experts, _low_masks(max_pass), r0, r1, out_u, out_m)
+    return WindowFeatures((r0, r1), experts.shape[2], out_u[max_pass - 1 :], out_m[max_pass - 1 :])
 
 
 def iter_window_features(
@@ -274,11 +273,12 @@ def iter_window_features(
     _check_max_pass(max_pass)
     n_rows, n_layers, k = experts.shape
     buf_u, buf_m = _window_buffers(min(block_rows, n_rows), n_layers, k, n_experts, max_pass)
+    low = _low_masks(max_pass)
+    lead = max_pass - 1
     for r0 in range(0, n_rows, block_rows):
         r1 = min(r0 + block_rows, n_rows)
-        out_u, out_m = buf_u[: r1 - r0], buf_m[: r1 - r0]
-        _window_rows(experts, starts, n_experts, max_pass, r0, r1, out_u, out_m)
-        yield WindowFeatures((r0, r1), k, out_u, out_m)
+        _window_rows(experts, starts, n_experts, low, r0, r1, buf_u, buf_m)
+        yield WindowFeatures((r0, r1), k, buf_u[lead : lead + r1 - r0], buf_m[lead : lead + r1 - r0])
 
 
 @dataclass(frozen=True)
@@ -439,10 +439,11 @@ def summarize_windows(
         np.zeros((ranges, *a.shape), np.int64)
         for a in (empty.joint, empty.sum_distinct_experts, empty.sum_sq_distinct_experts, empty.sum_max_tokens_per_expert)
     ]
+    low = _low_masks(max_pass)
     if parallel:
-        _summarize_parallel(experts, starts, n_experts, max_pass, bounds, *buffers, *parts)
+        _summarize_parallel(experts, starts, n_experts, low, bounds, *buffers, *parts)
     else:
-        _summarize_rows(experts, starts, n_experts, max_pass, bounds[0], bounds[1], *(b[0] for b in buffers), *(p[0] for p in parts))
+        _summarize_rows(experts, starts, n_experts, low, bounds[0], bounds[1], *(b[0] for b in buffers), *(p[0] for p in parts))
     joint, *sums = (p.sum(axis=0) for p in parts)
     joint[:, 0, 0] = 0  # incomplete windows
     return WindowSummary(k, n_experts, joint, *sums)

@@ -2,6 +2,9 @@
 
     python bench/bench_bytes.py [--tokens 1000000] [--seqs 1000] [--ref-rows 16384] [--repeats 3]
 
+Times are wall clock, the CPU time of the same run in parentheses (on a shared machine, a serial
+line whose wall time exceeds its CPU time waited for a core; ratios use wall times).
+
 Trace: synthetic, Qwen3-30B-A3B shape (48 MoE layers, top-8 of 128 experts, uint8 ids), sticky
 routing (q = 0.3), `--tokens` rows in `--seqs` sequences. Timed, each the best of `--repeats`
 wall-clock runs after a JIT warm-up:
@@ -11,7 +14,8 @@ wall-clock runs after a JIT warm-up:
   (b) U and M of every window, layer and n = 1..16 (`iter_window_features`, all blocks), and
       the same reduced to a `WindowSummary` (`summarize_windows`);
   (c) the numpy reference for (b) on the first `--ref-rows` rows, scaled linearly to the trace
-      (its cost per row does not depend on the position), after checking it equals (b) there.
+      (its cost per row does not depend on the position), after checking it equals (b) there;
+  (e) `union_features` calls per second on 32 random ragged windows (a simulator iteration).
 Serial and `parallel=True` (numba.prange over row ranges) are reported separately. Peak memory
 is the process's peak RSS above the RSS just before the trace was built (after the JIT warm-up),
 read after (a), (b), (d) and again after (c). The last line is
@@ -24,18 +28,21 @@ import argparse
 import resource
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from moesim.kernels.locality import mean_distinct_experts
 from moesim.kernels.reference import window_features_reference
+from moesim.kernels.unions import union_features, union_scratch
 from moesim.kernels.windows import iter_window_features, summarize_windows, window_features
 from moesim.models import load_preset
 from moesim.tracegen.schema import TraceGeometry
 from moesim.tracegen.synth import Sticky
 
 GENERATOR_SEQS = 5  # sequences generated at a time (the generator works in int64)
+UNION_BATCH = 32
 
 
 @numba.njit(cache=True)
@@ -74,13 +81,34 @@ def build_trace(tokens: int, seqs: int, seed: int) -> tuple[np.ndarray, np.ndarr
     return experts, np.arange(0, experts.shape[0] + 1, per_seq, dtype=np.int64)
 
 
-def best_of(repeats: int, run: Callable[[], object]) -> float:
-    best = float("inf")
+class Timing(NamedTuple):
+    wall_s: float
+    cpu_s: float
+
+
+def best_of(repeats: int, run: Callable[[], object]) -> Timing:
+    """The run with the best wall-clock time of `repeats`, with its CPU time."""
+    best = Timing(float("inf"), float("nan"))
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         run()
-        best = min(best, time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        if wall < best.wall_s:
+            best = Timing(wall, time.process_time() - cpu)
     return best
+
+
+def union_calls_per_s(experts: np.ndarray, n_experts: int, seed: int, calls: int = 5000) -> float:
+    """`union_features` calls per second, each on UNION_BATCH random ragged windows, one scratch."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 9, (calls, UNION_BATCH))
+    starts = rng.integers(0, experts.shape[0] - 8, (calls, UNION_BATCH))
+    scratch = union_scratch(experts.shape[1], n_experts)
+    union_features(experts, starts[0], lengths[0], n_experts, scratch)
+    start = time.perf_counter()
+    for i in range(calls):
+        union_features(experts, starts[i], lengths[i], n_experts, scratch)
+    return calls / (time.perf_counter() - start)
 
 
 def rss_mib() -> float:
@@ -106,6 +134,7 @@ def main() -> None:
         mean_distinct_experts(small, small_starts, n_experts, mean_pass, parallel=parallel)
         summarize_windows(small, small_starts, n_experts, window_pass, parallel=parallel)
     window_features(small, small_starts, n_experts, window_pass)
+    union_calls_per_s(small, n_experts, args.seed, calls=2)
     del small, small_starts
     baseline_mib = rss_mib()
 
@@ -118,45 +147,51 @@ def main() -> None:
         f"{numba.get_num_threads()} Numba threads; best of {args.repeats} runs"
     )
 
-    floor_s = best_of(max(args.repeats, 5), lambda: streaming_floor(experts.reshape(-1)))
+    floor = best_of(max(args.repeats, 5), lambda: streaming_floor(experts.reshape(-1)))
 
-    def report(label: str, seconds: float, extra: str = "") -> None:
-        print(f"{label:<58} {seconds:9.3f} s   {seconds / floor_s:7.1f}x floor{extra}")
+    def report(label: str, timing: Timing, extra: str = "") -> float:
+        ratio = timing.wall_s / floor.wall_s
+        print(f"{label:<58} {timing.wall_s:9.3f} s (cpu {timing.cpu_s:8.3f} s)  {ratio:7.1f}x floor{extra}")
+        return ratio
 
-    report("(d) streaming floor (sum of all ids, uint8)", floor_s)
-    mean_s = best_of(args.repeats, lambda: mean_distinct_experts(experts, starts, n_experts, mean_pass))
-    report(f"(a) mean U(n), n = 1..{mean_pass}", mean_s)
-    table_s = best_of(args.repeats, lambda: table_pass(experts, n_experts))
-    report("(a) lower bound: last-occurrence table read+write per slot", table_s)
-    mean_par_s = best_of(args.repeats, lambda: mean_distinct_experts(experts, starts, n_experts, mean_pass, parallel=True))
-    report(f"(a) mean U(n), n = 1..{mean_pass}, prange", mean_par_s)
+    report("(d) streaming floor (sum of all ids, uint8)", floor)
+    mean_x = report(
+        f"(a) mean U(n), n = 1..{mean_pass}", best_of(args.repeats, lambda: mean_distinct_experts(experts, starts, n_experts, mean_pass))
+    )
+    report("(a) lower bound: last-occurrence table read+write per slot", best_of(args.repeats, lambda: table_pass(experts, n_experts)))
+    mean_par = best_of(args.repeats, lambda: mean_distinct_experts(experts, starts, n_experts, mean_pass, parallel=True))
+    mean_par_x = report(f"(a) mean U(n), n = 1..{mean_pass}, prange", mean_par)
 
     def all_windows() -> None:
         for _ in iter_window_features(experts, starts, n_experts, window_pass):
             pass
 
-    windows_s = best_of(args.repeats, all_windows)
-    report(f"(b) U, M of every window, layer, n = 1..{window_pass}", windows_s)
-    summary_s = best_of(args.repeats, lambda: summarize_windows(experts, starts, n_experts, window_pass))
-    report("(b) the same reduced to a WindowSummary", summary_s)
-    summary_par_s = best_of(args.repeats, lambda: summarize_windows(experts, starts, n_experts, window_pass, parallel=True))
-    report("(b) the same reduced to a WindowSummary, prange", summary_par_s)
-
+    windows = best_of(args.repeats, all_windows)
+    windows_x = report(f"(b) U, M of every window, layer, n = 1..{window_pass}", windows)
+    report(
+        "(b) the same reduced to a WindowSummary", best_of(args.repeats, lambda: summarize_windows(experts, starts, n_experts, window_pass))
+    )
+    summary_par = best_of(args.repeats, lambda: summarize_windows(experts, starts, n_experts, window_pass, parallel=True))
+    report("(b) the same reduced to a WindowSummary, prange", summary_par)
+    unions_per_s = union_calls_per_s(experts, n_experts, args.seed)
+    print(
+        f"(e) union of {UNION_BATCH} ragged windows of 1..8 rows (one simulator iteration): {unions_per_s:,.0f} calls/s "
+        f"({1e6 / unions_per_s:.1f} us per call)"
+    )
     fast_peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mib
+
     ref_rows = min(args.ref_rows, rows)
     fast = window_features(experts, starts, n_experts, window_pass, (0, ref_rows))
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for r0 in range(0, ref_rows, 4096):
         r1 = min(r0 + 4096, ref_rows)
         u, m = window_features_reference(experts, starts, n_experts, window_pass, (r0, r1))
         if not (np.array_equal(u, fast.distinct_experts[r0:r1]) and np.array_equal(m, fast.max_tokens_per_expert[r0:r1])):
             raise SystemExit(f"fast path and reference differ in rows {r0}..{r1}")
-    reference_s = (time.perf_counter() - start) * rows / ref_rows
-    report(
-        f"(c) numpy reference for (b), {ref_rows} rows scaled x{rows / ref_rows:.1f}",
-        reference_s,
-        f"   {reference_s / windows_s:5.1f}x (b)",
-    )
+    scale = rows / ref_rows
+    reference = Timing((time.perf_counter() - start) * scale, (time.process_time() - cpu_start) * scale)
+    speedup = reference.wall_s / windows.wall_s
+    report(f"(c) numpy reference for (b), {ref_rows} rows scaled x{scale:.1f}", reference, f"   {speedup:5.1f}x (b)")
 
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mib
     print(
@@ -164,10 +199,10 @@ def main() -> None:
         f"{fast_peak_mib / array_mib:.2f}x the expert array; with the reference's blocks: {peak_mib:.0f} MiB"
     )
     print(
-        f"goals: (a) <= 10x floor: {mean_s / floor_s:.1f}x (prange {mean_par_s / floor_s:.1f}x); "
-        f"(b) <= 100x floor: {windows_s / floor_s:.1f}x; (b) >= 20x reference: {reference_s / windows_s:.1f}x"
+        f"goals: (a) <= 10x floor: {mean_x:.1f}x (prange {mean_par_x:.1f}x); (b) <= 100x floor: {windows_x:.1f}x; "
+        f"(b) >= 20x reference: {speedup:.1f}x"
     )
-    print(f"speedup_vs_reference: {reference_s / windows_s:.1f}")
+    print(f"speedup_vs_reference: {speedup:.1f}")
 
 
 if __name__ == "__main__":

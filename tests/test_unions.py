@@ -141,6 +141,23 @@ def test_pass_features_follow_the_passes() -> None:
     assert np.all(got.byte_share() <= 1.0)
 
 
+def test_wide_ids_and_out_of_range_ids() -> None:
+    """uint16 ids (models with more than 256 experts) take the checked path; an id >= E is an
+    error with either width, and the caller's scratch stays usable."""
+    experts, _ = random_routing(np.random.default_rng(9), [40], 2, 12, 3)
+    wide = experts.astype(np.uint16) * 30  # ids up to 330
+    starts, lengths = np.array([0, 10, 25]), np.array([5, 7, 3])
+    ref_u, ref_m, _ = union_features_reference(wide, np.array([0, 3]), starts, lengths, 400)
+    scratch = union_scratch(2, 400)
+    u, m = union_features(wide, starts, lengths, 400, scratch)
+    assert np.array_equal(u, ref_u[0]) and np.array_equal(m, ref_m[0])
+    for ids, n_experts in ((wide, 300), (experts, 5)):
+        scratch = union_scratch(2, n_experts)
+        with pytest.raises(ValueError, match="expert id"):
+            union_features(ids, starts, lengths, n_experts, scratch)
+        assert not scratch.any()
+
+
 def test_bad_windows() -> None:
     experts = np.zeros((5, 1, 1), np.uint8)
     with pytest.raises(ValueError, match="outside"):

@@ -28,23 +28,21 @@ from moesim.kernels.features import RoutingFeatures
 
 
 @numba.njit(cache=True)
-def _union_groups(experts, group_offsets, starts, lengths, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
+def _union_groups(experts, n_experts, group_offsets, starts, lengths, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
     """Fill out_u[g, l], out_m[g, l] for each group; if hist has more than one column, add each
-    expert's token count c >= 1 to hist[l, c]. `counts` (L, E) is zero on entry and on exit."""
+    expert's token count c >= 1 to hist[l, c]. `counts` (L, W), W > E, is zero on entry and on
+    exit; an id >= E lands in a column >= E (ids are clamped to W - 1, no branch per slot) and
+    is caught once per group."""
     _, n_layers, k = experts.shape
-    n_experts = counts.shape[1]
+    width = counts.shape[1]
     with_hist = hist.shape[1] > 1
     for g in range(group_offsets.shape[0] - 1):
-        slots = 0
         for w in range(group_offsets[g], group_offsets[g + 1]):
             for t in range(starts[w], starts[w] + lengths[w]):
                 for layer in range(n_layers):
                     for j in range(k):
-                        e = np.intp(experts[t, layer, j])
-                        if e >= n_experts:
-                            raise ValueError("expert id >= n_experts")
-                        counts[layer, e] += 1
-            slots += lengths[w] * k
+                        counts[layer, min(np.intp(experts[t, layer, j]), width - 1)] += 1
+        stray = 0
         for layer in range(n_layers):
             u = 0
             m = 0
@@ -58,16 +56,21 @@ def _union_groups(experts, group_offsets, starts, lengths, counts, out_u, out_m,
                 u += c > 0
                 m = max(m, c)
                 counts[layer, e] = 0
+            for e in range(n_experts, width):
+                stray |= counts[layer, e]
+                counts[layer, e] = 0
             out_u[g, layer] = u
             out_m[g, layer] = m
+        if stray:
+            raise ValueError("expert id >= n_experts")
 
 
 @numba.njit(cache=True, parallel=True)
-def _union_groups_parallel(experts, group_offsets, starts, lengths, bounds, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
+def _union_groups_parallel(experts, n_experts, group_offsets, starts, lengths, bounds, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
     """`_union_groups` for group ranges [bounds[b], bounds[b+1]) in parallel, scratch counts[b]."""
     for b in numba.prange(bounds.shape[0] - 1):
         g0, g1 = bounds[b], bounds[b + 1]
-        _union_groups(experts, group_offsets[g0 : g1 + 1], starts, lengths, counts[b], out_u[g0:g1], out_m[g0:g1], hist[b])
+        _union_groups(experts, n_experts, group_offsets[g0 : g1 + 1], starts, lengths, counts[b], out_u[g0:g1], out_m[g0:g1], hist[b])
 
 
 @dataclass(frozen=True)
@@ -119,18 +122,29 @@ def union_features(
     """
     starts, lengths = _check_windows(experts, starts, lengths)
     counts = union_scratch(experts.shape[1], n_experts) if scratch is None else scratch
+    if counts.shape != (experts.shape[1], _width(n_experts)) or counts.dtype != np.int32:
+        raise ValueError("scratch must come from union_scratch(n_layers, n_experts)")
     out_u = np.empty((1, experts.shape[1]), np.int64)
     out_m = np.empty((1, experts.shape[1]), np.int64)
-    _union_groups(experts, np.array([0, starts.size], np.int64), starts, lengths, counts, out_u, out_m, _NO_HIST)
+    try:
+        _union_groups(experts, n_experts, np.array([0, starts.size], np.int64), starts, lengths, counts, out_u, out_m, _NO_HIST)
+    except ValueError:
+        counts[:] = 0  # a reused scratch stays valid
+        raise
     return out_u[0], out_m[0]
 
 
 _NO_HIST = np.zeros((1, 1), np.int64)
 
 
+def _width(n_experts: int) -> int:
+    """Counter columns: one past the experts, where ids >= E are clamped and caught."""
+    return n_experts + 1
+
+
 def union_scratch(n_layers: int, n_experts: int) -> np.ndarray:
     """Zeroed per-expert counters that `union_features` reuses between calls."""
-    return np.zeros((n_layers, n_experts), np.int32)
+    return np.zeros((n_layers, _width(n_experts)), np.int32)
 
 
 def union_features_many(
@@ -154,13 +168,13 @@ def union_features_many(
     bounds = np.linspace(0, n_groups, ranges + 1).astype(np.int64)
     width = int(tokens.max()) + 1 if histogram and n_groups else 1
     hist = np.zeros((ranges, n_layers, width), np.int64)
-    counts = np.zeros((ranges, n_layers, n_experts), np.int32)
+    counts = np.zeros((ranges, n_layers, _width(n_experts)), np.int32)
     out_u = np.zeros((n_groups, n_layers), np.int64)
     out_m = np.zeros((n_groups, n_layers), np.int64)
     if parallel:
-        _union_groups_parallel(experts, offsets, starts, lengths, bounds, counts, out_u, out_m, hist)
+        _union_groups_parallel(experts, n_experts, offsets, starts, lengths, bounds, counts, out_u, out_m, hist)
     else:
-        _union_groups(experts, offsets, starts, lengths, counts[0], out_u, out_m, hist[0])
+        _union_groups(experts, n_experts, offsets, starts, lengths, counts[0], out_u, out_m, hist[0])
     return UnionFeatures(experts.shape[2], tokens, out_u, out_m, hist.sum(axis=0) if histogram else None)
 
 

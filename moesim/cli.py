@@ -150,6 +150,37 @@ def trace_info(
     render_table(summary.per_layer_table(), title="Per MoE layer", caption="reuse = mean |S_t ∩ S_t+1| / k over consecutive positions")
 
 
+# ---- moesim bytes: routing features and expert bytes per pass (issue 4) -------------------------
+
+
+@app.command("bytes")
+def bytes_command(
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n, 1..64.")] = 16,
+    batch: Annotated[int, typer.Option(help="Sequences verified together: union of B·n slots (B > 1 reads the whole trace).")] = 1,
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format of the byte figures (default: the trace's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Distinct experts, tokens per expert and expert bytes per pass of n tokens: per-slot vs dedup."""
+    from moesim.sim.passbytes import bytes_report
+
+    report = bytes_report(trace, max_pass, batch, weight_format)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console.print(
+        f"[bold]{trace}[/bold]: model {report.model}, {len(report.moe_layers)} MoE layers, top-{report.top_k} of {report.experts} experts; "
+        f"one expert = {report.bytes.expert_bytes / 1e6:.2f} MB ({report.bytes.source}); batch {report.batch}"
+    )
+    render_table(
+        report.display_table(),
+        title=f"Per pass of n tokens{'' if report.batch == 1 else f' per sequence, {report.batch} sequences'}",
+        caption=f"{report.windows}. Distinct experts U per MoE layer (mean, p10/p50/p90 over windows and layers; "
+        "uniform = E(1-(1-k/E)^(B·n))); byte_share u = U/(B·n·k); max tokens per expert M; bytes per pass summed over MoE layers",
+    )
+    render_table(report.per_layer_table(), title="Byte share u(n) per MoE layer")
+
+
 # ---- hardware profiles (issue 5) ----------------------------------------------------------------
 
 profile_app = typer.Typer(help="Hardware profiles: fit from measurements, list, show, derive what-if hardware.", no_args_is_help=True)

@@ -135,6 +135,71 @@ def trace_info(
     render_table(summary.per_layer_table(), title="Per MoE layer", caption="reuse = mean |S_t ∩ S_t+1| / k over consecutive positions")
 
 
+# ---- microbenchmarks (measurement tables, contract 3) ----------------------------------------
+
+microbench_app = typer.Typer(
+    help="Microbenchmarks of one MoE layer's expert operation; each writes a measurement table.", no_args_is_help=True
+)
+app.add_typer(microbench_app, name="microbench")
+
+
+def _progress(message: str) -> None:
+    err_console.print(message, markup=False, highlight=False)
+
+
+def _report_table(path: Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> None:
+    frame = pl.DataFrame(rows)
+    n_tokens = pl.col("n_tokens")
+    summary = frame.group_by("kernel", "engine").agg(pl.len().alias("rows"), n_tokens.min().alias("n_min"), n_tokens.max().alias("n_max"))
+    render_table(summary.sort("kernel", "engine"))
+    console.print(f"wrote {path} ({frame.height} rows) and {path.parent / 'provenance.json'}", soft_wrap=True)
+    for failure in provenance.get("failures", []):
+        err_console.print(f"warning: {failure['engine']} on {failure['model']} dropped: {failure['error']}", markup=False, highlight=False)
+    if "stopped_early" in provenance:
+        err_console.print(f"warning: time budget used up before n = {provenance['stopped_early']['before_n_tokens']}", markup=False)
+
+
+@microbench_app.command("torch")
+def microbench_torch(
+    out: Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")],
+    model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is measured (repeatable).")] = None,
+    pass_sizes: Annotated[str, typer.Option(help="Tokens per pass, e.g. 1-16,24,32.")] = "1-16,24,32,48,64,96,128",
+    routing: Annotated[list[str] | None, typer.Option(help="same, uniform, distinct (repeatable; default all).")] = None,
+    engine: Annotated[list[str] | None, typer.Option(help="Engines to time (repeatable; default all).")] = None,
+    reps: Annotated[int, typer.Option(help="Timed repetitions per point (median reported).")] = 30,
+    warmup: Annotated[int, typer.Option(help="Discarded warm-up repetitions.")] = 5,
+    layers: Annotated[int, typer.Option(help="Weight copies rotated so weights come from memory, not cache.")] = 4,
+    device: Annotated[str, typer.Option(help="cuda, cuda:N, or cpu (tests the code path; not a calibration).")] = "cuda",
+    dtype: Annotated[str, typer.Option(help="Weight dtype: bf16, f16, f32.")] = "bf16",
+    max_seconds: Annotated[float, typer.Option(help="Stop before the next pass size after this many seconds.")] = 200.0,
+    seed: Annotated[int, typer.Option(help="Random seed (routings, weights).")] = 0,
+) -> None:
+    """Time per-slot and deduplicating expert kernels through torch (CUDA graphs) and write a table."""
+    from moesim.hw_profiles.microbench.routing import ROUTINGS, parse_pass_sizes
+    from moesim.hw_profiles.microbench.table import prepare_out_dir, write_measurements
+    from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig, run_torch_microbench, torch_shapes
+
+    defaults = TorchBenchConfig()
+    config = TorchBenchConfig(
+        pass_sizes=parse_pass_sizes(pass_sizes),
+        routings=tuple(routing or ROUTINGS),
+        engines=tuple(engine or defaults.engines),
+        reps=reps,
+        warmup=warmup,
+        layers=layers,
+        device=device,
+        dtype=dtype,
+        max_seconds=max_seconds,
+        seed=seed,
+    )
+    config.validate()
+    shapes = torch_shapes(model or ["deepseek-v2-lite", "qwen3-30b-a3b"], dtype)
+    prepare_out_dir(out)
+    result = run_torch_microbench(config, shapes, progress=_progress)
+    path = write_measurements(result.rows, out, result.provenance)
+    _report_table(path, result.rows, result.provenance)
+
+
 # ---- entry point ------------------------------------------------------------------------------
 
 

@@ -200,6 +200,27 @@ def microbench_torch(
     _report_table(path, result.rows, result.provenance)
 
 
+@microbench_app.command("import-backend-ops")
+def microbench_import_backend_ops(
+    log: Annotated[Path, typer.Argument(help="Console output of `test-backend-ops perf -o MUL_MAT_ID`.")],
+    out: Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")],
+    backend: Annotated[str | None, typer.Option(help="cpu, cuda or metal (default: from the log's backend name).")] = None,
+    per_slot_max_tokens: Annotated[
+        int | None, typer.Option(help="Largest pass size run by a per-slot kernel (default: per backend, see docs).")
+    ] = None,
+) -> None:
+    """Turn llama.cpp's MUL_MAT_ID perf cases into a measurement table (one expert matrix x 3 per row)."""
+    from moesim.hw_profiles.microbench.backend_ops import import_backend_ops
+    from moesim.hw_profiles.microbench.table import prepare_out_dir, write_measurements
+
+    prepare_out_dir(out)
+    result = import_backend_ops(log, backend, per_slot_max_tokens)
+    path = write_measurements(result.rows, out, result.provenance)
+    _report_table(path, result.rows, result.provenance)
+    for type_name, count in result.provenance["skipped_types"].items():
+        err_console.print(f"note: {count} cases of type {type_name} skipped (no byte size known for it)", markup=False)
+
+
 # ---- entry point ------------------------------------------------------------------------------
 
 

@@ -67,12 +67,13 @@ class MoeShape:
 
 @dataclass(frozen=True)
 class TimingSummary:
-    """Median and spread of repeated timings of one operation, in microseconds."""
+    """Median and spread of repeated timings of one operation, in microseconds (spread None when
+    a tool reports only a mean)."""
 
     time_us: float
-    time_us_p10: float
-    time_us_p90: float
-    time_us_min: float
+    time_us_p10: float | None
+    time_us_p90: float | None
+    time_us_min: float | None
     reps: int
 
 

@@ -200,6 +200,60 @@ def microbench_torch(
     _report_table(path, result.rows, result.provenance)
 
 
+@microbench_app.command("llama-cpp")
+def microbench_llama_cpp(
+    out: Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")],
+    model: Annotated[str, typer.Option(help="Model preset whose expert shape is built.")] = "deepseek-v2-lite",
+    weight_type: Annotated[str, typer.Option(help="Weight type of the built models: F16 or F32.")] = "F16",
+    experts: Annotated[int | None, typer.Option(help="Override the preset's routed experts.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Override the preset's top-k.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Override the preset's hidden size.")] = None,
+    expert_intermediate: Annotated[int | None, typer.Option(help="Override the preset's expert width.")] = None,
+    layers: Annotated[int, typer.Option(help="L: models with L and 2L MoE layers are differenced.")] = 1,
+    heads: Annotated[int, typer.Option(help="Attention heads of the built models.")] = 16,
+    kv_heads: Annotated[int, typer.Option(help="KV heads of the built models.")] = 1,
+    pass_sizes: Annotated[str, typer.Option(help="Tokens per pass, e.g. 1-16,24,32.")] = "1-16,24,32,48,64",
+    routing: Annotated[list[str] | None, typer.Option(help="same, uniform, distinct (repeatable; default all).")] = None,
+    reps: Annotated[int, typer.Option(help="Timed repetitions per pass and model (medians differenced).")] = 9,
+    warmup: Annotated[int, typer.Option(help="Discarded warm-up repetitions.")] = 2,
+    prefix: Annotated[int, typer.Option(help="Tokens prefilled before the timed passes.")] = 32,
+    threads: Annotated[int, typer.Option(help="Decode threads (0: every CPU this process may use).")] = 0,
+    subtract_attention: Annotated[bool, typer.Option(help="Subtract the attention layer time measured on dense twins.")] = True,
+    per_slot_max_tokens: Annotated[int | None, typer.Option(help="Largest pass size run per-slot (default: per backend).")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (weights, routings).")] = 0,
+) -> None:
+    """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
+    from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig, run_llamacpp_microbench
+    from moesim.hw_profiles.microbench.routing import ROUTINGS, parse_pass_sizes
+    from moesim.hw_profiles.microbench.table import MoeShape, prepare_out_dir, write_measurements
+    from moesim.models import load_preset
+
+    shape = MoeShape.from_preset(load_preset(model), weight_type).with_overrides(
+        experts=experts, top_k=top_k, hidden=hidden, expert_intermediate=expert_intermediate
+    )
+    config = LlamaBenchConfig(
+        shape=shape,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        pass_sizes=parse_pass_sizes(pass_sizes),
+        routings=tuple(routing or ROUTINGS),
+        reps=reps,
+        warmup=warmup,
+        prefix=prefix,
+        n_threads=threads,
+        subtract_attention=subtract_attention,
+        per_slot_max_tokens=per_slot_max_tokens,
+        seed=seed,
+    )
+    config.validate()
+    prepare_out_dir(out)
+    result = run_llamacpp_microbench(config, models_dir, progress=_progress)
+    path = write_measurements(result.rows, out, result.provenance)
+    _report_table(path, result.rows, result.provenance)
+
+
 @microbench_app.command("import-backend-ops")
 def microbench_import_backend_ops(
     log: Annotated[Path, typer.Argument(help="Console output of `test-backend-ops perf -o MUL_MAT_ID`.")],

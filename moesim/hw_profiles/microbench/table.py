@@ -2,12 +2,13 @@
 
 One row per measured (engine, shape, pass size, routing): `kernel` (the family), `n_tokens`,
 `time_us` (median per MoE layer) with its spread, the pass's routing features, the expert's shape
-and the bytes the family requests. Every output folder holds `measurements.parquet` and
+and the bytes the family reads (as it asks for them). Every output folder holds `measurements.parquet` and
 `provenance.json` (machine, versions, method, configuration); both are written atomically.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -53,6 +54,14 @@ class MoeShape:
         if preset.kind != "moe":
             raise InputError(f"model '{preset.name}' has no routed experts")
         return cls(preset.name, preset.hidden, preset.expert_intermediate, preset.experts, preset.top_k, weight_format.upper())
+
+    def with_overrides(self, **fields: int | None) -> MoeShape:
+        """The shape with the given fields replaced (None keeps a field); the model name says so."""
+        given = {k: v for k, v in fields.items() if v is not None}
+        if not given:
+            return self
+        label = ",".join(f"{k}={v}" for k, v in sorted(given.items()))
+        return dataclasses.replace(self, model=f"{self.model}[{label}]", **given)
 
     @property
     def expert_bytes(self) -> float:

@@ -214,13 +214,15 @@ class ModelPreset:
         """Bytes of all E routed experts of one MoE layer."""
         return self.experts * self.expert_bytes(weight_format)
 
-    def non_expert_bytes_per_token(self, weight_format: str | None = None) -> float:
-        """Weight bytes a batch-1 decode step reads besides routed experts (one embedding row)."""
-        bpw = bytes_per_weight(weight_format or self.default_format)
+    def non_expert_params_per_token(self) -> int:
+        """Parameters a decode step reads besides routed experts: every layer's non-expert weights,
+        the LM head, the final norm and one embedding row."""
         layers = sum(self.non_expert_params_per_layer(i) for i in range(self.layers))
-        lm_head = self.vocab * self.hidden
-        params = layers + lm_head + self.hidden + self.hidden  # final norm, one embedding row
-        return float(params * bpw)
+        return layers + self.vocab * self.hidden + 2 * self.hidden
+
+    def non_expert_bytes_per_token(self, weight_format: str | None = None) -> float:
+        """Weight bytes a batch-1 decode step reads besides routed experts."""
+        return float(self.non_expert_params_per_token() * bytes_per_weight(weight_format or self.default_format))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for trace and profile metadata)."""

@@ -1,0 +1,274 @@
+"""Kernel families of a hardware profile: time of one MoE layer's expert operation from routing
+features and the expert's shape, and the dense family for everything else a pass reads.
+
+An expert family streams expert weights. Per pass through one MoE layer with n tokens, S = n·K
+slots, U distinct experts and c = max tokens per expert (b_e = bytes of one expert, h = hidden,
+I = intermediate):
+
+    reads   = S                    tokens_per_read T = 1 (per-slot: every slot reads its expert)
+            = U·ceil((S/U) / T)    T > 1 (a register-tiled kernel reads an expert once per T tokens)
+            = U                    T = 0 (reads each distinct expert once, whatever the tokens)
+    hit     = min(1, cache_bytes / (U·b_e))     share of re-reads served by the cache
+    time_us = fixed + per_expert·U + per_slot·S
+            + b_e·(U + (reads − U)·(1 − hit)) / hbm_bandwidth + b_e·(reads − U)·hit / cache_bandwidth
+            + S·6·h·I / compute_rate[v] + serial[v]·tok·chunks·(h + I)
+
+v is the kernel variant (the smallest tile width ≥ min(c, T)); tok·chunks·(h + I) is the serial
+path of one warp (the tokens of the busiest expert along one gate/up and one down row). Every
+coefficient is ≥ 0; a rate of inf means its term costs nothing. Beyond the calibrated range the
+same terms are evaluated (they are linear in bytes, flops and counts: an effective roofline with
+the calibrated rates) and the time never drops below the device roofline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moesim.hw_profiles.heldout import HeldoutError
+from moesim.hw_profiles.provenance import Provenance
+from moesim.kernels.features import RoutingFeatures
+from moesim.models import ExpertShape
+
+RANGE_FIELDS = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert", "expert_bytes", "hidden", "intermediate")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Device peaks: the lower bound of every time, and the only guide far beyond calibration."""
+
+    peak_bandwidth_gbps: float
+    peak_tflops: float
+
+    def floor_us(self, bytes_read: np.ndarray, flops: np.ndarray) -> np.ndarray:
+        """Roofline time = max(bytes / peak bandwidth, flops / peak FLOP/s)."""
+        return np.maximum(np.asarray(bytes_read) / (self.peak_bandwidth_gbps * 1e3), np.asarray(flops) / (self.peak_tflops * 1e6))
+
+
+@dataclass(frozen=True)
+class ExpertStructure:
+    """How a kernel reads experts: tokens per weight read (1, T, or 0 = unbounded) and tile variants."""
+
+    tokens_per_read: int
+    variants: tuple[int, ...] = ()
+
+    @property
+    def n_rates(self) -> int:
+        """Number of compute / serial coefficients (one per variant, or one)."""
+        return max(1, len(self.variants))
+
+    def describe(self) -> str:
+        """One-line description."""
+        if self.tokens_per_read == 1:
+            return "per-slot reads (each token slot reads its expert)"
+        if self.tokens_per_read == 0:
+            return "one read per distinct expert"
+        tiles = "/".join(str(v) for v in self.variants)
+        return f"one read per {self.tokens_per_read} tokens of an expert, tile variants {tiles}"
+
+
+@dataclass(frozen=True)
+class ExpertInputs:
+    """Routing features and expert shape as broadcast float arrays (the model's inputs)."""
+
+    n_tokens: np.ndarray
+    slots: np.ndarray
+    distinct_experts: np.ndarray
+    max_tokens_per_expert: np.ndarray
+    expert_bytes: np.ndarray
+    hidden: np.ndarray
+    intermediate: np.ndarray
+
+    @classmethod
+    def of(cls, features: RoutingFeatures, shape: ExpertShape) -> ExpertInputs:
+        """Inputs for one expert shape and an array of passes."""
+        return cls.from_arrays(
+            features.n_tokens,
+            features.slots,
+            features.distinct_experts,
+            features.max_tokens_per_expert,
+            shape.expert_bytes,
+            shape.hidden,
+            shape.intermediate,
+        )
+
+    @classmethod
+    def from_arrays(cls, *arrays: object) -> ExpertInputs:
+        """Broadcast seven arrays in RANGE_FIELDS order."""
+        values = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in arrays))
+        return cls(*values)
+
+    def field(self, name: str) -> np.ndarray:
+        """An input by its range name."""
+        return getattr(self, name)
+
+
+def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The model's terms (time = Σ coefficient·column, see the module docstring) and each pass's tile
+    variant index; the compute and serial columns take the coefficient of that variant."""
+    u, s, cmax = x.distinct_experts, x.slots, x.max_tokens_per_expert
+    safe_u = np.maximum(u, 1.0)
+    t = structure.tokens_per_read
+    if t == 1:
+        reads, chunks, tokens = s, np.ones_like(u), np.ones_like(u)
+    elif t == 0:
+        reads, chunks, tokens = u, np.ones_like(u), cmax
+    else:
+        chunks = np.ceil(s / safe_u / t - 1e-9)
+        reads, tokens = u * chunks, np.minimum(cmax, t)
+    rereads = np.maximum(reads - u, 0.0)
+    hit = np.minimum(1.0, cache_bytes / (safe_u * x.expert_bytes))
+    active = np.where(s > 0, 1.0, 0.0)  # a pass that routes no token costs nothing
+    columns = {
+        "fixed": active,
+        "per_expert": u,
+        "per_slot": s,
+        "hbm": x.expert_bytes * (u + rereads * (1.0 - hit)),
+        "cache": x.expert_bytes * rereads * hit,
+        "compute": s * 6.0 * x.hidden * x.intermediate,
+        "serial": active * tokens * chunks * (x.hidden + x.intermediate),
+    }
+    if not structure.variants:
+        return columns, np.zeros(np.shape(u), np.intp)
+    widths = np.asarray(structure.variants, np.float64)
+    return columns, np.minimum(np.searchsorted(widths, np.minimum(cmax, t) - 1e-9), len(widths) - 1)
+
+
+def term_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> dict[str, np.ndarray]:
+    """Every term as its own column (one compute and one serial column per tile variant): the fit's design."""
+    columns, index = base_columns(x, structure, cache_bytes)
+    if structure.variants:
+        compute, serial = columns.pop("compute"), columns.pop("serial")
+        for i, width in enumerate(structure.variants):
+            columns[f"compute{width}"] = np.where(index == i, compute, 0.0)
+            columns[f"serial{width}"] = np.where(index == i, serial, 0.0)
+    return columns
+
+
+def _rate_to_coefficient(rate: float, unit: float) -> float:
+    return 0.0 if math.isinf(rate) else 1.0 / (rate * unit)
+
+
+@dataclass(frozen=True)
+class CalibratedRange:
+    """Per input, the [low, high] seen in calibration; None for an input never calibrated."""
+
+    bounds: dict[str, tuple[float, float]]
+
+    def factor(self, x: ExpertInputs) -> np.ndarray:
+        """How far inputs lie outside the range: max over inputs of max(x/high, low/x); 1.0 inside."""
+        factor = np.ones(np.shape(x.n_tokens))
+        for name, (low, high) in self.bounds.items():
+            value = np.maximum(x.field(name), 1e-300)
+            factor = np.maximum(factor, np.maximum(value / high, low / value))
+        return np.where(x.slots > 0, factor, 1.0)  # an empty pass is not an extrapolation
+
+
+@dataclass(frozen=True)
+class ExpertFamily:
+    """Fitted time model of one kernel family (per_slot or a dedup* family)."""
+
+    name: str
+    structure: ExpertStructure
+    fixed_us: float
+    hbm_bandwidth_gbps: float
+    cache_bandwidth_gbps: float
+    cache_bytes: float
+    compute_tflops: tuple[float, ...]
+    serial_ns: tuple[float, ...]
+    per_expert_us: float
+    per_slot_us: float
+    calibrated_range: CalibratedRange
+    heldout_error: HeldoutError
+    provenance: Provenance
+    roofline: Roofline
+    note: str = ""
+
+    def parameters(self) -> dict[str, object]:
+        """The family's structure and rates as plain data (the TOML keys)."""
+        return {
+            "tokens_per_read": self.structure.tokens_per_read,
+            "variants": list(self.structure.variants),
+            "fixed_us": self.fixed_us,
+            "per_expert_us": self.per_expert_us,
+            "per_slot_us": self.per_slot_us,
+            "hbm_bandwidth_gbps": self.hbm_bandwidth_gbps,
+            "cache_bandwidth_gbps": self.cache_bandwidth_gbps,
+            "cache_bytes": self.cache_bytes,
+            "compute_tflops": list(self.compute_tflops),
+            "serial_ns": list(self.serial_ns),
+        }
+
+    def coefficients(self) -> dict[str, float]:
+        """Coefficient of each term column of `term_columns` (µs per unit of the column)."""
+        coefficients = {
+            "fixed": self.fixed_us,
+            "per_expert": self.per_expert_us,
+            "per_slot": self.per_slot_us,
+            "hbm": _rate_to_coefficient(self.hbm_bandwidth_gbps, 1e3),
+            "cache": _rate_to_coefficient(self.cache_bandwidth_gbps, 1e3),
+        }
+        suffixes = [str(v) for v in self.structure.variants] or [""]
+        for suffix, compute, serial in zip(suffixes, *self._variant_coefficients(), strict=True):
+            coefficients[f"compute{suffix}"] = compute
+            coefficients[f"serial{suffix}"] = serial
+        return coefficients
+
+    def _variant_coefficients(self) -> tuple[np.ndarray, np.ndarray]:
+        compute = np.array([_rate_to_coefficient(rate, 1e6) for rate in self.compute_tflops])
+        return compute, np.array(self.serial_ns) * 1e-3
+
+    def model_time_us(self, x: ExpertInputs) -> np.ndarray:
+        """The fitted terms alone, without the roofline floor."""
+        columns, index = base_columns(x, self.structure, self.cache_bytes)
+        compute, serial = self._variant_coefficients()
+        total = columns["compute"] * compute[index] + columns["serial"] * serial[index]
+        for name, coefficient in self.coefficients().items():
+            if coefficient and name in ("fixed", "per_expert", "per_slot", "hbm", "cache"):
+                total = total + coefficient * columns[name]
+        return total
+
+    def inputs_time_us(self, x: ExpertInputs) -> np.ndarray:
+        """Time of one MoE layer's expert operation for prepared inputs (floored by the roofline)."""
+        floor = self.roofline.floor_us(x.distinct_experts * x.expert_bytes, x.slots * 6.0 * x.hidden * x.intermediate)
+        return np.maximum(self.model_time_us(x), floor)
+
+    def time_us(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
+        """Time in µs of one MoE layer's expert operation, vectorised over the features' shape."""
+        return self.inputs_time_us(ExpertInputs.of(features, shape))
+
+    def extrapolation_factor(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
+        """1.0 inside the calibrated range; else how far outside (max ratio over inputs)."""
+        return self.calibrated_range.factor(ExpertInputs.of(features, shape))
+
+    @property
+    def is_dedup(self) -> bool:
+        """Deduplicating families read each distinct expert once per pass (or per tile)."""
+        return self.name.startswith("dedup")
+
+
+@dataclass(frozen=True)
+class DenseFamily:
+    """Non-expert weights, attention and KV reads: fixed time per kernel + bytes / bandwidth + flops / rate."""
+
+    bandwidth_gbps: float
+    tflops: float
+    launch_us: float
+    provenance: Provenance
+    heldout_error: HeldoutError = field(default_factory=HeldoutError)
+    note: str = ""
+    name: str = "dense"
+
+    def time_us(self, bytes_read: np.ndarray | float, flops: np.ndarray | float = 0.0, kernels: np.ndarray | float = 1.0) -> np.ndarray:
+        """Time in µs = launch_us·kernels + bytes / bandwidth + flops / FLOP rate."""
+        return (
+            self.launch_us * np.asarray(kernels, np.float64)
+            + np.asarray(bytes_read, np.float64) / (self.bandwidth_gbps * 1e3)
+            + np.asarray(flops, np.float64) * _rate_to_coefficient(self.tflops, 1e6)
+        )
+
+    def extrapolation_factor(self, bytes_read: np.ndarray | float) -> np.ndarray:
+        """The dense family is not calibrated on a grid: always 1.0 (its ε says how far to trust it)."""
+        return np.ones(np.shape(bytes_read))

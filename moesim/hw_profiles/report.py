@@ -1,0 +1,104 @@
+"""A profile as plain data for `profile show` (rich tables and JSON alike)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from moesim.hw_profiles.families import ExpertFamily
+from moesim.hw_profiles.heldout import ErrorStats
+from moesim.hw_profiles.profile import HardwareProfile
+
+
+def _percent(stats: ErrorStats | None) -> str:
+    return "-" if stats is None else f"{100 * stats.median:.1f} ({100 * stats.p90:.1f})"
+
+
+def _rates(values: tuple[float, ...]) -> str:
+    return "/".join("inf" if math.isinf(v) else f"{v:.3g}" for v in values)
+
+
+def _family_row(family: ExpertFamily) -> dict[str, Any]:
+    h = family.heldout_error
+    return {
+        "family": family.name,
+        "structure": family.structure.describe(),
+        "fixed_us": family.fixed_us,
+        "hbm_gbps": family.hbm_bandwidth_gbps,
+        "cache_gbps": family.cache_bandwidth_gbps,
+        "compute_tflops": _rates(family.compute_tflops),
+        "per_expert_us": family.per_expert_us,
+        "shape_out_%": _percent(h.leave_one_shape_out),
+        "routing_out_%": _percent(h.leave_one_routing_out),
+        "in_sample_%": _percent(h.in_sample),
+        "epsilon_%": 100 * h.epsilon,
+        "source": family.provenance.kind,
+    }
+
+
+def _heldout_dict(family: Any) -> dict[str, Any]:
+    h = family.heldout_error
+    out: dict[str, Any] = {
+        split: getattr(h, split).to_dict() if getattr(h, split) else None
+        for split in ("leave_one_shape_out", "leave_one_routing_out", "in_sample")
+    }
+    out.update(transfer=h.transfer, epsilon=h.epsilon, epsilon_median=h.epsilon_median, coverage=h.coverage)
+    return out
+
+
+def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
+    """Device, roofline, pass, families (table rows and full parameters), sources and notes."""
+    families: dict[str, Any] = {}
+    for name, family in profile.expert_families.items():
+        families[name] = {
+            **family.parameters(),
+            "calibrated_range": {k: list(v) for k, v in family.calibrated_range.bounds.items()},
+            "heldout_error": _heldout_dict(family),
+            "provenance": dataclasses.asdict(family.provenance),
+            "note": family.note,
+        }
+    dense = profile.dense
+    families["dense"] = {
+        "bandwidth_gbps": dense.bandwidth_gbps,
+        "tflops": dense.tflops,
+        "launch_us": dense.launch_us,
+        "heldout_error": _heldout_dict(dense),
+        "provenance": dataclasses.asdict(dense.provenance),
+    }
+    dense_row = {
+        "family": "dense",
+        "structure": "launch per kernel + bytes / bandwidth + flops / rate",
+        "fixed_us": dense.launch_us,
+        "hbm_gbps": dense.bandwidth_gbps,
+        "cache_gbps": math.nan,
+        "compute_tflops": _rates((dense.tflops,)),
+        "per_expert_us": math.nan,
+        "shape_out_%": "-",
+        "routing_out_%": "-",
+        "in_sample_%": "-",
+        "epsilon_%": 100 * dense.heldout_error.epsilon,
+        "source": dense.provenance.kind,
+    }
+    d = profile.device
+    device_line = (
+        f"device {d.name} ({d.backend}), {d.memory_gb:g} GB; engine {d.engine or '-'} {d.engine_version}; "
+        f"driver {d.driver_version or '-'}; "
+        f"roofline {profile.roofline.peak_bandwidth_gbps:g} GB/s, {profile.roofline.peak_tflops:g} TFLOP/s; "
+        f"fixed time per pass {profile.pass_fixed_us:g} µs"
+    )
+    return {
+        "name": profile.name,
+        "device_line": device_line,
+        "description": profile.description,
+        "status": profile.status,
+        "derived_from": profile.derived_from,
+        "device": dataclasses.asdict(profile.device),
+        "roofline": dataclasses.asdict(profile.roofline),
+        "pass_fixed_us": profile.pass_fixed_us,
+        "families": families,
+        "family_rows": [*(_family_row(f) for f in profile.expert_families.values()), dense_row],
+        "sources": {key: dataclasses.asdict(source) for key, source in profile.sources.items()},
+        "source_rows": [{"id": key, "kind": source.kind, "backs": source.label()} for key, source in profile.sources.items()],
+        "notes": list(profile.all_notes()),
+    }

@@ -1,0 +1,140 @@
+"""Drafter cost models (a registry): the time to draft k tokens for each request of a batch.
+
+A drafter proposes tokens autoregressively, one draft-model pass per token, so drafting k tokens
+costs k draft steps; requests of a batch draft in lockstep (one step serves the whole batch).
+Adding a drafter is adding one class with `@register_drafter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from moesim.errors import ConfigError
+from moesim.models import ModelPreset, draft_for
+
+# dense_us(bytes, flops) -> µs: the profile's dense family (weights, KV, attention, LM head).
+DenseTime = Callable[[float, float], float]
+
+
+class Drafter(Protocol):
+    """What every drafter provides."""
+
+    name: ClassVar[str]
+    provenance: ClassVar[str]
+
+    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+        """One draft step (one token for each of `batch` requests)."""
+        ...
+
+
+DRAFTERS: dict[str, type[Drafter]] = {}
+
+
+def register_drafter(cls: type[Drafter]) -> type[Drafter]:
+    """Class decorator: make a drafter available by its `name`."""
+    DRAFTERS[cls.name] = cls
+    return cls
+
+
+def draft_us(drafter: Drafter, draft_lens: np.ndarray, context_len: float, dense_us: DenseTime) -> float:
+    """T_draft = (longest draft in the batch) · one step for the requests still drafting."""
+    lens = np.asarray(draft_lens)
+    steps = int(lens.max(initial=0))
+    return float(sum(drafter.step_us(int(np.count_nonzero(lens > s)), context_len, dense_us) for s in range(steps)))
+
+
+def dense_model_step_us(
+    model: ModelPreset, batch: int, context_len: float, dense_us: DenseTime, kv_bytes_per_element: float = 2.0
+) -> float:
+    """One decode step of a dense model: its weights read once, its KV read per request, 2·params FLOPs per token."""
+    weight_bytes = model.non_expert_bytes_per_token()
+    kv_bytes = batch * context_len * model.layers * model.attention.kv_cache_bytes_per_token(kv_bytes_per_element)
+    flops = 2.0 * batch * model.non_expert_params_per_token()
+    return dense_us(weight_bytes + kv_bytes, flops)
+
+
+@register_drafter
+@dataclass(frozen=True)
+class DenseModelDrafter:
+    """A small dense model (a preset such as qwen2-0.5b) run on the same device profile."""
+
+    name: ClassVar[str] = "model"
+    provenance: ClassVar[str] = "profile"
+    model: ModelPreset
+
+    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+        """The draft model's decode step through the profile's dense family."""
+        return dense_model_step_us(self.model, batch, context_len, dense_us) if batch else 0.0
+
+
+@register_drafter
+@dataclass(frozen=True)
+class EagleDrafter:
+    """An EAGLE-style head: one decoder layer on the target's hidden states plus the target's LM head."""
+
+    name: ClassVar[str] = "eagle"
+    provenance: ClassVar[str] = "profile"
+    head: ModelPreset
+
+    @classmethod
+    def for_target(cls, target: ModelPreset) -> EagleDrafter:
+        """Resolve the built-in `eagle-head` preset against its target."""
+        return cls(draft_for("eagle-head", target))
+
+    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+        """The head's one-layer decode step through the profile's dense family."""
+        return dense_model_step_us(self.head, batch, context_len, dense_us) if batch else 0.0
+
+
+@register_drafter
+@dataclass(frozen=True)
+class NgramDrafter:
+    """Prompt lookup / n-gram drafting: a host-side table lookup, ≈ 0 device time (assumed)."""
+
+    name: ClassVar[str] = "ngram"
+    provenance: ClassVar[str] = "assumed"
+    lookup_us: float = 0.0
+
+    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+        """A constant per step (default 0)."""
+        return self.lookup_us if batch else 0.0
+
+
+@register_drafter
+@dataclass(frozen=True)
+class FixedDrafter:
+    """A drafter of known cost: a fixed time per draft step (a user's measurement)."""
+
+    name: ClassVar[str] = "fixed"
+    provenance: ClassVar[str] = "assumed"
+    step_time_us: float = 0.0
+
+    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+        """The given time per step."""
+        return self.step_time_us if batch else 0.0
+
+
+def make_drafter(spec: str, target: ModelPreset) -> Drafter:
+    """A drafter from a spec: 'ngram', 'eagle', 'fixed:US' (µs per step), or a dense preset name / path."""
+    from moesim.models import load_preset
+
+    if spec == "ngram":
+        return NgramDrafter()
+    if spec == "eagle":
+        return EagleDrafter.for_target(target)
+    if spec.startswith("fixed:"):
+        try:
+            value = float(spec.split(":", 1)[1])
+        except ValueError:
+            raise ConfigError(f"drafter '{spec}': 'fixed:US' needs a number of µs per draft step") from None
+        if not np.isfinite(value) or value < 0:
+            raise ConfigError(f"drafter '{spec}': the time per draft step must be >= 0")
+        return FixedDrafter(value)
+    model = load_preset(spec)
+    if model.kind != "dense":
+        raise ConfigError(f"drafter '{spec}' is not a dense model preset (use ngram, eagle, fixed:US or a dense preset)")
+    return DenseModelDrafter(model)

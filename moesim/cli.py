@@ -322,7 +322,7 @@ def microbench_torch(
 @microbench_app.command("llama-cpp")
 def microbench_llama_cpp(
     out: Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")],
-    model: Annotated[str, typer.Option(help="Model preset whose expert shape is built.")] = "deepseek-v2-lite",
+    model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is built (repeatable).")] = None,
     weight_type: Annotated[str, typer.Option(help="Weight type of the built models: F16 or F32.")] = "F16",
     experts: Annotated[int | None, typer.Option(help="Override the preset's routed experts.")] = None,
     top_k: Annotated[int | None, typer.Option(help="Override the preset's top-k.")] = None,
@@ -343,16 +343,14 @@ def microbench_llama_cpp(
     seed: Annotated[int, typer.Option(help="Random seed (weights, routings).")] = 0,
 ) -> None:
     """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
-    from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig, run_llamacpp_microbench
+    from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig, run_llamacpp_shapes
     from moesim.hw_profiles.microbench.routing import ROUTINGS, parse_pass_sizes
     from moesim.hw_profiles.microbench.table import MoeShape, prepare_out_dir, write_measurements
     from moesim.models import load_preset
 
-    shape = MoeShape.from_preset(load_preset(model), weight_type).with_overrides(
-        experts=experts, top_k=top_k, hidden=hidden, expert_intermediate=expert_intermediate
-    )
+    overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
+    shapes = [MoeShape.from_preset(load_preset(m), weight_type).with_overrides(**overrides) for m in model or ["deepseek-v2-lite"]]
     config = LlamaBenchConfig(
-        shape=shape,
         layers=layers,
         heads=heads,
         kv_heads=kv_heads,
@@ -366,9 +364,8 @@ def microbench_llama_cpp(
         per_slot_max_tokens=per_slot_max_tokens,
         seed=seed,
     )
-    config.validate()
     prepare_out_dir(out)
-    result = run_llamacpp_microbench(config, models_dir, progress=_progress)
+    result = run_llamacpp_shapes(config, shapes, models_dir, progress=_progress)
     path = write_measurements(result.rows, out, result.provenance)
     _report_table(path, result.rows, result.provenance)
 

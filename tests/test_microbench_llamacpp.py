@@ -22,7 +22,7 @@ from moesim.hw_profiles.microbench.llama_cpp import (
     build_models,
     design_passes,
     layer_time_us,
-    run_llamacpp_microbench,
+    run_llamacpp_shapes,
 )
 from moesim.hw_profiles.microbench.routing import ROUTINGS, pass_features, routing_ids, routing_seed
 from moesim.hw_profiles.microbench.table import MoeShape, write_measurements
@@ -76,8 +76,8 @@ def test_layer_time_is_the_difference_of_differences() -> None:
 
 
 def test_cpu_run_writes_a_contract_table(tmp_path: Path) -> None:
-    result = run_llamacpp_microbench(CONFIG)
-    assert not result.provenance["failures"], result.provenance["failures"]
+    result = run_llamacpp_shapes(CONFIG, [SMALL])
+    assert not result.provenance["runs"][0]["failures"], result.provenance["runs"][0]["failures"]
     table = load_measurements(write_measurements(result.rows, tmp_path / "cpu", result.provenance))
     assert table.height == len(ROUTINGS) * 3
     assert set(table["kernel"]) == {"dedup_llamacpp_cpu"} and set(table["backend"]) == {"cpu"}
@@ -89,7 +89,8 @@ def test_cpu_run_writes_a_contract_table(tmp_path: Path) -> None:
         assert row["bytes_requested"] == row["distinct_experts"] * 3 * 256 * 512 * 4
     provenance = json.loads((tmp_path / "cpu" / "provenance.json").read_text())
     assert provenance["versions"]["llama_cpp_python"] and provenance["machine"]["logical_cpus"] >= 1
-    assert provenance["models"]["moe_2L"]["layers"] == 4 and provenance["models"]["dense_L"]["experts"] == 0
+    models = provenance["runs"][0]["models"]
+    assert models["moe_2L"]["layers"] == 4 and models["dense_L"]["experts"] == 0
 
 
 def test_cli_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -101,7 +102,8 @@ def test_cli_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-
     table = load_measurements(tmp_path / "t" / "measurements.parquet")
     assert table["n_tokens"].to_list() == [1, 4] and table["distinct_experts"].to_list() == [2, 8]
     assert table["model"][0] == "deepseek-v2-lite[expert_intermediate=256,experts=8,hidden=128,top_k=2]"
-    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["moe_2L.gguf", "moe_L.gguf"]
+    (folder,) = (tmp_path / "models").iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == ["moe_2L.gguf", "moe_L.gguf"]
 
 
 @pytest.mark.parametrize(
@@ -112,6 +114,7 @@ def test_cli_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-
         (["--weight-type", "Q4_K"], ["F16 or F32", "Q4_K"]),
         (["--heads", "3"], ["heads"]),
         (["--pass-sizes", "0"], ["pass sizes"]),
+        (["--model", "olmoe-1b-7b", "--model", "olmoe-1b-7b"], ["distinct model shapes"]),
     ],
 )
 def test_cli_llama_cpp_bad_config(cli, tmp_path: Path, args: list[str], fragments: list[str]) -> None:  # type: ignore[no-untyped-def]

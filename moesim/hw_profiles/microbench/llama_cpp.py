@@ -372,28 +372,55 @@ def run_llamacpp_microbench(
                 )
             )
             say(f"{where}: {timing.time_us:.0f} us per layer ({time.monotonic() - started:.0f} s)")
-    result.provenance = _provenance(config, backend, facts, model_specs(config, token_sets), failures, load_before, started)
+    result.provenance = _shape_provenance(config, model_specs(config, token_sets), failures, load_before, started)
     return result
 
 
-def _provenance(
+def _shape_provenance(
     config: LlamaBenchConfig,
-    backend: str,
-    facts: dict[str, Any],
     specs: dict[str, TinyModelSpec],
     failures: list[dict[str, Any]],
     load_before: list[float] | None,
     started: float,
 ) -> dict[str, Any]:
+    """What one shape's run built and how the machine was loaded meanwhile."""
+    return {
+        "config": asdict(replace(config, pass_sizes=tuple(sorted(config.pass_sizes)))),
+        "models": {name: asdict(spec) for name, spec in specs.items()},
+        "expert_weight_bytes_2L": expert_weight_bytes(specs["moe_2L"]),
+        "smallest_pass_expert_bytes_2L": config.shape.top_k * config.shape.expert_bytes * 2 * config.layers,
+        "loadavg_before": load_before,
+        "loadavg_after": _loadavg(),
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "failures": failures,
+    }
+
+
+def run_llamacpp_shapes(
+    config: LlamaBenchConfig, shapes: list[MoeShape], models_dir: Path | None = None, progress: Callable[[str], None] | None = None
+) -> LlamaBenchResult:
+    """One run per expert shape (its models built, measured and freed in turn), rows concatenated;
+    every shape is checked before anything is built."""
     import llama_cpp
 
-    footprint = config.shape.top_k * config.shape.expert_bytes * 2 * config.layers
-    return {
+    configs = [replace(config, shape=shape) for shape in shapes]
+    if not configs or len({c.shape.model for c in configs}) < len(configs):
+        raise ConfigError("llama.cpp microbench: give one or more distinct model shapes")
+    for one in configs:
+        one.validate()
+        _check_room(model_specs(one, design_passes(one)[1]), models_dir)
+    result = LlamaBenchResult()
+    runs = []
+    for one in configs:
+        folder = None if models_dir is None else models_dir / one.shape.model
+        part = run_llamacpp_microbench(one, folder, progress)
+        result.rows += part.rows
+        runs.append(part.provenance)
+    result.provenance = {
         "runner": "moesim.hw_profiles.microbench.llama_cpp",
         "method": __doc__,
-        "config": asdict(replace(config, pass_sizes=tuple(sorted(config.pass_sizes)))),
-        "backend": backend,
-        "machine": facts,
+        "backend": llama_backend(),
+        "machine": cpu_facts(),
         "versions": {
             "llama_cpp_python": llama_cpp.__version__,
             "gguf": metadata.version("gguf"),
@@ -401,13 +428,8 @@ def _provenance(
             "python": platform.python_version(),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
         },
-        "models": {name: asdict(spec) for name, spec in specs.items()},
-        "expert_weight_bytes_2L": expert_weight_bytes(specs["moe_2L"]),
-        "smallest_pass_expert_bytes_2L": footprint,
-        "loadavg_before": load_before,
-        "loadavg_after": _loadavg(),
         "command": " ".join(sys.argv),
         "measured_at": time.strftime("%Y-%m-%d"),
-        "elapsed_s": round(time.monotonic() - started, 1),
-        "failures": failures,
+        "runs": runs,
     }
+    return result

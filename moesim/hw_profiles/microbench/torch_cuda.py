@@ -120,7 +120,7 @@ class DevicePass:
     weights: Any  # (n, k) in the weight dtype
     slot_tokens: Any  # (S,) long, slot s = t·k + j
     slot_weights: Any  # (S,)
-    slot_experts: list[int]
+    slot_groups: list[tuple[int, int, int]]  # (expert, s, s + 1) per slot
     sorted_tokens: Any  # (S,) long, slots in expert order
     sorted_weights: Any  # (S,)
     groups: list[tuple[int, int, int]]  # (expert, first, end) in expert order
@@ -143,7 +143,7 @@ def device_pass(torch: Any, ids: np.ndarray, weights: np.ndarray, experts: int, 
         weights=tensor(weights, dtype),
         slot_tokens=tensor(plan.slot_tokens, torch.long),
         slot_weights=tensor(slot_weights, dtype),
-        slot_experts=plan.slot_experts.tolist(),
+        slot_groups=[(int(e), s, s + 1) for s, e in enumerate(plan.slot_experts)],
         sorted_tokens=tensor(plan.sorted_tokens, torch.long),
         sorted_weights=tensor(slot_weights[plan.order], dtype),
         groups=[(int(e), int(a), int(b)) for e, a, b in zip(plan.present, plan.starts[:-1], plan.starts[1:], strict=True)],
@@ -178,6 +178,24 @@ def register_engine(cls: type[TorchEngine]) -> type[TorchEngine]:
     return cls
 
 
+def _experts_by_group(torch: Any, w: LayerWeights, rows: Any, groups: list[tuple[int, int, int]]) -> Any:
+    """For each (expert, first, end) group of rows: a gate+up matmul with that expert's weights,
+    SwiGLU over all rows, then a down matmul per group; one kernel per group and projection."""
+    hidden = torch.empty((rows.shape[0], w.gate_up.shape[1]), dtype=rows.dtype, device=rows.device)
+    for e, a, b in groups:
+        torch.mm(rows[a:b], w.gate_up[e].t(), out=hidden[a:b])
+    act = _swiglu(torch, hidden)
+    out = torch.empty_like(rows)
+    for e, a, b in groups:
+        torch.mm(act[a:b], w.down[e].t(), out=out[a:b])
+    return out
+
+
+def _combine_sorted(torch: Any, x: Any, out: Any, p: DevicePass) -> Any:
+    """y_t = Σ over t's slots of gate weight × expert output, from outputs in expert order."""
+    return torch.zeros_like(x).index_add_(0, p.sorted_tokens, out * p.sorted_weights[:, None])
+
+
 @register_engine
 class SlotGraph:
     """Per-slot: one GEMV per token slot for gate+up and one for down."""
@@ -187,15 +205,8 @@ class SlotGraph:
     graph: ClassVar[bool] = True
 
     def forward(self, torch: Any, w: LayerWeights, x: Any, p: DevicePass) -> Any:
-        """Each slot reads its own expert's weights."""
-        rows = x.index_select(0, p.slot_tokens)
-        hidden = torch.empty((rows.shape[0], w.gate_up.shape[1]), dtype=x.dtype, device=x.device)
-        for s, e in enumerate(p.slot_experts):
-            torch.mm(rows[s : s + 1], w.gate_up[e].t(), out=hidden[s : s + 1])
-        act = _swiglu(torch, hidden)
-        out = torch.empty_like(rows)
-        for s, e in enumerate(p.slot_experts):
-            torch.mm(act[s : s + 1], w.down[e].t(), out=out[s : s + 1])
+        """Each slot reads its own expert's weights (a group of one row per slot)."""
+        out = _experts_by_group(torch, w, x.index_select(0, p.slot_tokens), p.slot_groups)
         return (out * p.slot_weights[:, None]).view(p.n_tokens, p.top_k, -1).sum(dim=1)
 
 
@@ -209,15 +220,8 @@ class ExpertGraph:
 
     def forward(self, torch: Any, w: LayerWeights, x: Any, p: DevicePass) -> Any:
         """Each distinct expert's weights are read once for all its tokens."""
-        rows = x.index_select(0, p.sorted_tokens)
-        hidden = torch.empty((rows.shape[0], w.gate_up.shape[1]), dtype=x.dtype, device=x.device)
-        for e, a, b in p.groups:
-            torch.mm(rows[a:b], w.gate_up[e].t(), out=hidden[a:b])
-        act = _swiglu(torch, hidden)
-        out = torch.empty_like(rows)
-        for e, a, b in p.groups:
-            torch.mm(act[a:b], w.down[e].t(), out=out[a:b])
-        return torch.zeros_like(x).index_add_(0, p.sorted_tokens, out * p.sorted_weights[:, None])
+        out = _experts_by_group(torch, w, x.index_select(0, p.sorted_tokens), p.groups)
+        return _combine_sorted(torch, x, out, p)
 
 
 @register_engine
@@ -234,7 +238,7 @@ class GroupedMM:
         rows = x.index_select(0, p.sorted_tokens)
         hidden = grouped_mm(rows, w.gate_up.transpose(-2, -1), offs=p.group_ends)
         out = grouped_mm(_swiglu(torch, hidden), w.down.transpose(-2, -1), offs=p.group_ends)
-        return torch.zeros_like(x).index_add_(0, p.sorted_tokens, out * p.sorted_weights[:, None])
+        return _combine_sorted(torch, x, out, p)
 
 
 @register_engine

@@ -315,7 +315,7 @@ def microbench_torch(
     shapes = torch_shapes(model or ["deepseek-v2-lite", "qwen3-30b-a3b"], dtype)
     prepare_out_dir(out)
     result = run_torch_microbench(config, shapes, progress=_progress)
-    path = write_measurements(result.rows, out, result.provenance)
+    path = write_measurements(result.rows, out, result.provenance, result.device)
     _report_table(path, result.rows, result.provenance)
 
 

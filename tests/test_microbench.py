@@ -179,3 +179,18 @@ def test_torch_command_without_torch_is_one_line(cli, tmp_path: Path, monkeypatc
     code, _, err = cli("microbench", "torch", "--out", tmp_path / "t")
     assert_one_line_error(code, err, "torch is not installed", "moesim[gpu]")
     assert not (tmp_path / "t").exists()
+
+
+def test_torch_device_facts_are_what_profile_fit_reads(tmp_path: Path) -> None:
+    from moesim.hw_profiles.calibrate import read_device_json
+    from moesim.hw_profiles.microbench.torch_cuda import device_json
+
+    facts = {"device": "NVIDIA H200", "torch": "2.13.0", "torch_cuda": "13.0", "capability": "9.0", "sm_count": 132}
+    facts |= {"total_memory_gib": 139.8, "l2_cache_mib": 60.0}
+    payload = device_json(facts, {"read_gbps": 4493.5, "copy_gbps_read_write": 4270.7})
+    row = {"kernel": "dedup", "n_tokens": 1, "time_us": 1.0}
+    write_measurements([row], tmp_path / "gpu", {"runner": "test"}, payload)
+    measured = read_device_json(tmp_path / "gpu" / "device.json")
+    assert (measured.name, measured.compute_units, measured.read_gbps) == ("NVIDIA H200", 132, 4493.5)
+    assert measured.memory_gb == pytest.approx(139.8 * 2**30 / 1e9, abs=0.01)
+    assert measured.l2_cache_bytes == pytest.approx(60 * 2**20, rel=1e-3) and measured.runtime_version == "CUDA 13.0"

@@ -28,6 +28,7 @@ from moesim.models import ExpertShape, ModelPreset
 
 TABLE_NAME = "measurements.parquet"
 PROVENANCE_NAME = "provenance.json"
+DEVICE_NAME = "device.json"
 
 # Column order of a runner's table: the contract's columns first, then the runner's own.
 COLUMNS = (
@@ -166,15 +167,21 @@ def prepare_out_dir(out_dir: Path) -> Path:
     return out_dir
 
 
-def write_measurements(rows: Sequence[Mapping[str, Any]], out_dir: Path, provenance: Mapping[str, Any]) -> Path:
-    """Write `provenance.json` and `measurements.parquet` into `out_dir` (each atomically); the
-    table is checked against contract 3 before it replaces an older one. Returns the table's path."""
+def write_measurements(
+    rows: Sequence[Mapping[str, Any]], out_dir: Path, provenance: Mapping[str, Any], device: Mapping[str, Any] | None = None
+) -> Path:
+    """Write `provenance.json`, `device.json` when given (device facts and ceilings in the format of
+    `data/h200/device.json`, which `profile fit` reads beside a table) and `measurements.parquet`
+    into `out_dir`, each atomically; the table is checked against contract 3 before it replaces an
+    older one. Returns the table's path."""
     frame = rows_to_frame(rows)
     prepare_out_dir(out_dir)
     out_dir.mkdir(exist_ok=True)
     table = out_dir / TABLE_NAME
-    with atomic_path(out_dir / PROVENANCE_NAME) as tmp:
-        tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True, default=str) + "\n")
+    for name, payload in ((PROVENANCE_NAME, provenance), (DEVICE_NAME, device)):
+        if payload is not None:
+            with atomic_path(out_dir / name) as tmp:
+                tmp.write_text(json.dumps(payload, indent=1, sort_keys=True, default=str) + "\n")
     with atomic_path(table) as tmp:
         staged = tmp.with_name(tmp.name + ".parquet")
         try:

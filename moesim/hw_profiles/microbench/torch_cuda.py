@@ -322,10 +322,12 @@ def _first_line(exc: BaseException) -> str:
 
 @dataclass
 class TorchBenchResult:
-    """Rows of the table and the provenance written beside it."""
+    """Rows of the table, the provenance written beside it, and (on CUDA) device facts in the
+    `device.json` format `profile fit` reads."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, Any] | None = None
 
 
 def _device_facts(torch: Any, device: Any) -> dict[str, Any]:
@@ -358,6 +360,21 @@ def _ceilings(torch: Any, device: Any, dtype: Any) -> dict[str, float]:
         "copy_gbps_read_write": round(2 * 2**30 / float(np.median(copy_us)) / 1e3, 1),
         "read_gbps": round(2**30 / float(np.median(read_us)) / 1e3, 1),
     }
+
+
+def device_json(facts: dict[str, Any], ceilings: dict[str, float]) -> dict[str, Any]:
+    """Device facts and measured ceilings under the keys of `data/h200/device.json`."""
+    device = {
+        "device": facts["device"],
+        "backend": "torch",
+        "torch": facts["torch"],
+        "torch_cuda": facts.get("torch_cuda") or "",
+        "capability": facts.get("capability", ""),
+        "sm_count": facts.get("sm_count"),
+        "total_memory_GB": round(facts.get("total_memory_gib", 0) * 2**30 / 1e9, 2),
+        "l2_cache_MB": round(facts.get("l2_cache_mib", 0) * 2**20 / 1e6, 1),
+    }
+    return {"device": device, "ceilings": {"read_GBps": ceilings["read_gbps"], "d2d_copy_GBps_rw": ceilings["copy_gbps_read_write"]}}
 
 
 def _random_layers(torch: Any, shape: MoeShape, copies: int, device: Any, dtype: Any) -> list[LayerWeights]:
@@ -480,7 +497,8 @@ def run_torch_microbench(
         "failures": run.failures,
     }
     if run.on_cuda:
-        result.provenance["ceilings"] = _ceilings(torch, run.device, run.dtype)
+        result.provenance["ceilings"] = ceilings = _ceilings(torch, run.device, run.dtype)
+        result.device = device_json(facts, ceilings)
     for shape in shapes:
         run.check(shape)
     for n_tokens in sorted(config.pass_sizes):

@@ -340,6 +340,7 @@ def microbench_llama_cpp(
     subtract_attention: Annotated[bool, typer.Option(help="Subtract the attention layer time measured on dense twins.")] = True,
     per_slot_max_tokens: Annotated[int | None, typer.Option(help="Largest pass size run per-slot (default: per backend).")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder).")] = None,
+    statistic: Annotated[str, typer.Option(help="Per-model statistic differenced: median, or min on a shared machine.")] = "median",
     seed: Annotated[int, typer.Option(help="Random seed (weights, routings).")] = 0,
 ) -> None:
     """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
@@ -362,6 +363,7 @@ def microbench_llama_cpp(
         n_threads=threads,
         subtract_attention=subtract_attention,
         per_slot_max_tokens=per_slot_max_tokens,
+        statistic=statistic,
         seed=seed,
     )
     prepare_out_dir(out)

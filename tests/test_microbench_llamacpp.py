@@ -82,7 +82,11 @@ def test_cpu_run_writes_a_contract_table(tmp_path: Path) -> None:
     assert table.height == len(ROUTINGS) * 3
     assert set(table["kernel"]) == {"dedup_llamacpp_cpu"} and set(table["backend"]) == {"cpu"}
     for row in table.iter_rows(named=True):
-        assert row["time_us"] > 0 and row["time_us_moe_layer"] > 0
+        assert row["time_us"] > 0 and row["time_us"] == row["time_us_median"] and row["time_us_moe_layer"] > 0
+        assert all(len(row[f"reps_us_{m}"]) == row["reps"] for m in ("moe_L", "moe_2L", "dense_L", "dense_2L"))
+        # the minimum-based estimate recomputed from the stored repetitions
+        mins = {m: min(row[f"reps_us_{m}"]) for m in ("moe_L", "moe_2L", "dense_L", "dense_2L")}
+        assert row["time_us_min"] == pytest.approx(((mins["moe_2L"] - mins["moe_L"]) - (mins["dense_2L"] - mins["dense_L"])) / 2)
         ids = routing_ids(row["routing"], row["n_tokens"], 8, 2, routing_seed(0, "llama", row["routing"], row["n_tokens"]))
         counts = Counter(ids.ravel().tolist())
         assert (row["slots"], row["distinct_experts"], row["max_tokens_per_expert"]) == (ids.size, len(counts), max(counts.values()))
@@ -115,9 +119,23 @@ def test_cli_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-
         (["--heads", "3"], ["heads"]),
         (["--pass-sizes", "0"], ["pass sizes"]),
         (["--model", "olmoe-1b-7b", "--model", "olmoe-1b-7b"], ["distinct model shapes"]),
+        (["--statistic", "mean"], ["statistic", "mean"]),
     ],
 )
 def test_cli_llama_cpp_bad_config(cli, tmp_path: Path, args: list[str], fragments: list[str]) -> None:  # type: ignore[no-untyped-def]
     code, _, err = cli("microbench", "llama-cpp", *args, "--out", tmp_path / "t")
     assert_one_line_error(code, err, *fragments)
     assert not (tmp_path / "t").exists()
+
+
+def test_shipped_cpu_calibration_is_a_valid_table() -> None:
+    """data/cpu/: the real calibration of the project's 2-core CPU (docs/microbench.md)."""
+    from conftest import DATA
+
+    table = load_measurements(DATA / "cpu" / "measurements.parquet")
+    provenance = json.loads((DATA / "cpu" / "provenance.json").read_text())
+    assert set(table["kernel"]) == {"dedup_llamacpp_cpu"} and set(table["features"]) == {"exact"}
+    assert set(table["model"]) == {"deepseek-v2-lite", "qwen3-30b-a3b"} and set(table["routing"]) == set(ROUTINGS)
+    assert (table["time_us"] > 0).all() and table["bytes_requested"].min() >= 6 * 3 * 2048 * 768 * 2
+    assert provenance["versions"]["llama_cpp_python"] and provenance["machine"]["model_name"]
+    assert all(run["expert_weight_bytes_2L"] >= 1e9 for run in provenance["runs"])

@@ -23,10 +23,13 @@ with logits for every token (otherwise the last layer would route only the outpu
 (wall clock around the decode and the logits read, which synchronises the backend) and undone
 with `llama_memory_seq_rm`. The four models run interleaved, one pass each per repetition, so
 drift hits them alike; warm-up repetitions (the first pass of a new size rebuilds the graph) are
-discarded. `time_us` is the difference above taken of per-model medians: it stays right while
-fewer than half of each model's repetitions are disturbed (say, by another process taking a
-core), where a median of per-repetition differences would need all four passes of a repetition
-clean. `time_us_min` is the same difference of per-model minimums; p10/p90 are not defined.
+discarded. `time_us` is the difference above taken of a per-model statistic: the median by default
+(right while fewer than half of each model's repetitions are disturbed, say by another process
+taking a core, where a median of per-repetition differences would need all four passes of a
+repetition clean), or the minimum (`statistic="min"`, for a shared machine whose interference
+only ever adds time). Rows keep both (`time_us_median`, `time_us_min`), the layer parts
+(`time_us_moe_layer`, `time_us_attention_layer`) and every repetition's raw times per model
+(`reps_us_moe_L`, ...); p10/p90 are not defined for a difference of statistics.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import contextlib
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -66,6 +70,7 @@ DEFAULT_SHAPE = MoeShape("deepseek-v2-lite", hidden=2048, expert_intermediate=14
 MODELS = ("moe_L", "moe_2L", "dense_L", "dense_2L")
 DENSE_FF = 16
 RETRIES = 2
+STATISTICS: dict[str, Callable[..., Any]] = {"median": np.median, "min": np.min}
 
 
 @dataclass(frozen=True)
@@ -84,11 +89,14 @@ class LlamaBenchConfig:
     n_threads: int = 0
     subtract_attention: bool = True
     per_slot_max_tokens: int | None = None
+    statistic: str = "median"
     seed: int = 0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
         shape = self.shape
+        if self.statistic not in STATISTICS:
+            raise ConfigError(f"llama.cpp microbench: statistic must be one of {', '.join(STATISTICS)}, got '{self.statistic}'")
         for name in ("layers", "reps", "prefix"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"llama.cpp microbench: field '{name}' must be >= 1, got {getattr(self, name)}")
@@ -236,6 +244,25 @@ def _check_room(specs: dict[str, TinyModelSpec], models_dir: Path | None) -> Non
         raise ConfigError(f"llama.cpp microbench: the models need {need / 1e9:.1f} GB of disk, more than is free in {probe}")
 
 
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """Inside the block SIGTERM raises SystemExit, so a killed run still removes its temporary
+    models (gigabytes); outside the main thread signals are left alone."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _loadavg() -> list[float] | None:
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
@@ -338,14 +365,16 @@ def run_llamacpp_microbench(
         for design in passes:
             contexts.check_routing(design)
             where = f"{design.routing} pass of {design.n_tokens} tokens"
+            statistic = STATISTICS[config.statistic]
             reps = [contexts.time_pass(design) for _ in range(config.warmup + config.reps)][config.warmup :]
             for _ in range(RETRIES):  # a difference drowned in noise: measure as many repetitions again
-                if layer_time_us(config, reps, np.median)[0] > 0:
+                if layer_time_us(config, reps, statistic)[0] > 0:
                     break
                 say(f"{where}: the layer difference is not above the noise yet; {len(reps)} more repetitions")
                 reps += [contexts.time_pass(design) for _ in range(len(reps))]
-            expert, moe, dense = layer_time_us(config, reps, np.median)
-            timing = TimingSummary(expert, None, None, layer_time_us(config, reps, np.min)[0], len(reps))
+            expert, moe, dense = layer_time_us(config, reps, statistic)
+            by_median, by_min = (layer_time_us(config, reps, STATISTICS[name])[0] for name in ("median", "min"))
+            timing = TimingSummary(expert, None, None, by_min, len(reps))
             if not timing.time_us > 0:
                 failures.append({"routing": design.routing, "n_tokens": design.n_tokens, "error": "difference not above noise"})
                 say(f"{where}: the layer difference ({timing.time_us:.0f} us) is not above the noise; row dropped")
@@ -361,13 +390,15 @@ def run_llamacpp_microbench(
                     timing=timing,
                     extra={
                         "features": "exact",
-                        "timing": "wall; differences of per-model medians (time_us_min: of minimums)",
+                        "timing": f"wall; differences of per-model {config.statistic}s",
+                        "time_us_median": by_median,
                         "backend": backend,
                         "engine_version": engine_version(),
                         "n_threads": contexts.threads,
                         "layers_differenced": config.layers,
                         "time_us_moe_layer": moe,
                         "time_us_attention_layer": dense,
+                        **{f"reps_us_{name}": [r[name] for r in reps] for name in reps[0]},
                     },
                 )
             )
@@ -411,11 +442,12 @@ def run_llamacpp_shapes(
         _check_room(model_specs(one, design_passes(one)[1]), models_dir)
     result = LlamaBenchResult()
     runs = []
-    for one in configs:
-        folder = None if models_dir is None else models_dir / one.shape.model
-        part = run_llamacpp_microbench(one, folder, progress)
-        result.rows += part.rows
-        runs.append(part.provenance)
+    with _terminate_as_exit():
+        for one in configs:
+            folder = None if models_dir is None else models_dir / one.shape.model
+            part = run_llamacpp_microbench(one, folder, progress)
+            result.rows += part.rows
+            runs.append(part.provenance)
     result.provenance = {
         "runner": "moesim.hw_profiles.microbench.llama_cpp",
         "method": __doc__,

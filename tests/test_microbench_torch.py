@@ -97,3 +97,25 @@ def test_cli_torch_on_cpu(cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
     table = load_measurements(out / "measurements.parquet")
     assert table.height == 2 * len(ENGINES) and set(table["routing"]) == {"same"} and set(table["model"]) == {"tiny"}
     assert "measurements.parquet" in stdout
+
+
+class _MissingOp:
+    """An engine whose op this torch lacks (as grouped_mm is missing from old releases)."""
+
+    name = "missing_op"
+    family = "dedup_missing"
+    graph = True
+
+    def forward(self, torch, w, x, p):  # type: ignore[no-untyped-def]
+        return torch.nn.functional.no_such_grouped_op(x)
+
+
+def test_a_failing_engine_is_dropped_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(ENGINES, "missing_op", _MissingOp)
+    config = TorchBenchConfig(
+        pass_sizes=(1, 2), engines=("torch_grouped_mm", "missing_op"), reps=1, loop_reps=1, warmup=0, layers=1, device="cpu"
+    )
+    result = run_torch_microbench(config, [TINY])
+    assert {row["engine"] for row in result.rows} == {"torch_grouped_mm"} and len(result.rows) == 2 * len(ROUTINGS)
+    (failure,) = result.provenance["failures"]
+    assert failure["engine"] == "missing_op" and failure["error"].startswith("AttributeError")

@@ -424,8 +424,8 @@ class _Run:
         for name, engine in self.engines.items():
             try:
                 output = engine.forward(self.torch, layer, x, p)
-            except RuntimeError as exc:  # torch reports unsupported ops and out-of-memory as RuntimeError
-                self.drop(shape, name, _first_line(exc), n_tokens=n_check)
+            except Exception as exc:  # one engine failing (an op this torch lacks, out of memory) must not lose the run
+                self.drop(shape, name, f"{exc.__class__.__name__}: {_first_line(exc)}", n_tokens=n_check)
                 continue
             error = float((output.float() - ref).abs().max() / ref.abs().max())
             self.checks.append({"model": shape.model, "engine": name, "n_tokens": n_check, "max_rel_error": error})
@@ -449,8 +449,8 @@ class _Run:
             reps = self.config.reps if engine.graph else self.config.loop_reps
             try:
                 samples, mode = _time_replays(self.torch, run, engine.graph, reps, self.config.warmup, self.on_cuda)
-            except RuntimeError as exc:
-                self.drop(shape, name, _first_line(exc), n_tokens=n_tokens, routing=routing)
+            except Exception as exc:  # as in check(): record, drop the engine, keep measuring the others
+                self.drop(shape, name, f"{exc.__class__.__name__}: {_first_line(exc)}", n_tokens=n_tokens, routing=routing)
                 continue
             rows.append(
                 measurement_row(

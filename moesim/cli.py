@@ -98,18 +98,33 @@ def trace_synth(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     uniform: Annotated[bool, typer.Option("--uniform", help="Independent uniform routing.")] = False,
     sticky: Annotated[float | None, typer.Option(help="Keep each expert of the previous token with this probability.")] = None,
-    zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (sticky; 0 = uniform).")] = 0.0,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (alone: independent tokens; 0 = uniform).")] = 0.0,
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
+    params: Annotated[Path | None, typer.Option(help="Generator parameters (from `trace fit`), mapped onto the preset's layers.")] = None,
 ) -> None:
     """Write a synthetic routing trace for a model preset."""
     from moesim.models import load_preset
-    from moesim.tracegen.synth import Sticky, Uniform, synthesize
+    from moesim.tracegen.synth import RoutingGenerator, Sticky, Uniform, Zipf, synthesize
     from moesim.tracegen.trace import write_trace
 
     if uniform and sticky is not None:
         raise InputError("--uniform and --sticky exclude each other")
-    generator = Sticky(keep_prob=sticky, zipf_exponent=zipf) if sticky is not None else Uniform()
-    trace = synthesize(load_preset(model), generator, tokens, seqs, seed, weight_format)
+    if uniform and zipf:
+        raise InputError("--uniform and --zipf exclude each other")
+    generator: RoutingGenerator = Sticky(keep_prob=sticky, zipf_exponent=zipf) if sticky is not None else Uniform()
+    if sticky is None and zipf:
+        generator = Zipf(exponent=zipf)
+    preset = load_preset(model)
+    if params is not None:
+        from moesim.tracegen.fit import load_params
+        from moesim.tracegen.schema import TraceGeometry
+
+        if uniform or sticky is not None or zipf:
+            raise InputError("--params excludes --uniform, --sticky and --zipf")
+        if preset.kind != "moe":
+            raise InputError(f"model preset '{preset.name}' has no experts; synthetic routing needs a MoE model")
+        generator = load_params(params, TraceGeometry.from_preset(preset, weight_format))
+    trace = synthesize(preset, generator, tokens, seqs, seed, weight_format)
     write_trace(out, trace)
     console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} tokens, generator {generator.name}")
 
@@ -254,6 +269,204 @@ def profile_derive(
     console.print(f"wrote {out}: {derived.description}")
 
 
+# ---- routing traces from real engines: tiny models, recording, speculative runs, import, fit ----
+
+
+def _progress(label: str, unit: str) -> tuple[Any, Any]:
+    """A rich progress bar on stderr (transient) and the callback the recorders call."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn(f"[bold]{label}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[count]} " + unit),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+    task = progress.add_task(label, total=None, count=0)
+
+    def update(done: int, total: int, count: int) -> None:
+        progress.update(task, completed=done, total=total, count=count)
+
+    return progress, update
+
+
+@trace_app.command("tiny-model")
+def trace_tiny_model(
+    out: Annotated[Path, typer.Option(help="GGUF file to write.")],
+    arch: Annotated[str | None, typer.Option(help="qwen3moe, llama (Mixtral style), qwen2moe, olmoe or deepseek2.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Transformer blocks.")] = None,
+    experts: Annotated[int | None, typer.Option(help="Routed experts per MoE layer (llama: 0 = dense).")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Experts per token.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Embedding width.")] = None,
+    expert_ff: Annotated[int | None, typer.Option(help="Intermediate width of one expert.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
+    kv_heads: Annotated[int | None, typer.Option(help="Key/value heads.")] = None,
+    vocab: Annotated[int | None, typer.Option(help="Vocabulary size (259..1030; byte-level SentencePiece).")] = None,
+    weight_type: Annotated[str | None, typer.Option(help="F32 or F16.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed of the weights.")] = None,
+    leading_dense: Annotated[int | None, typer.Option(help="deepseek2: leading dense layers.")] = None,
+    draft_of: Annotated[Path | None, typer.Option(help="Write a noisy copy of this moesim-built GGUF (a draft model).")] = None,
+    noise: Annotated[float | None, typer.Option(help="With --draft-of: noise added to every weight (0: identical).")] = None,
+) -> None:
+    """Write a random MoE model as GGUF (100 KB to several GB), or a noisy draft copy of one."""
+    from moesim.tracegen.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model, expert_weight_bytes
+    from moesim.tracegen.gguf_meta import read_tiny_spec
+
+    shape = {
+        "arch": arch, "layers": layers, "experts": experts, "top_k": top_k, "hidden": hidden, "expert_ff": expert_ff, "heads": heads,
+        "kv_heads": kv_heads, "vocab": vocab, "weight_type": weight_type, "seed": seed, "leading_dense": leading_dense,
+    }  # fmt: skip
+    given = {k: v for k, v in shape.items() if v is not None}
+    if draft_of is not None:
+        if given:
+            raise InputError(f"--draft-of takes the shape from {draft_of}; drop --{sorted(given)[0].replace('_', '-')}")
+        if noise is None:
+            raise InputError("--draft-of needs --noise (0 gives an identical copy)")
+        spec = read_tiny_spec(draft_of)
+        build_draft_model(spec, noise, out)
+        spec = read_tiny_spec(out)
+    else:
+        if noise is not None:
+            raise InputError("--noise needs --draft-of TARGET.gguf")
+        if "weight_type" in given:
+            given["weight_type"] = str(given["weight_type"]).upper()
+        spec = TinyModelSpec(**given)
+        build_tiny_model(out, spec)
+    size_mb = out.stat().st_size / 1e6
+    console.print(f"wrote {out}: {spec.model_name}, {size_mb:.2f} MB ({expert_weight_bytes(spec) / 1e6:.2f} MB of routed experts)")
+
+
+@trace_app.command("record")
+def trace_record(
+    model: Annotated[Path, typer.Argument(help="GGUF MoE model.")],
+    prompts: Annotated[Path, typer.Option(help="Prompts: text, one per line, or .jsonl with a 'prompt' field.")],
+    out: Annotated[Path | None, typer.Option(help="Trace to write (default: MODEL.trace.arrow here).")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated greedily per prompt.")] = 32,
+    threads: Annotated[int, typer.Option(help="CPU threads (0: all this process may use).")] = 0,
+    prompt_batch: Annotated[int, typer.Option(help="Prompt tokens per decode (0: whole prompt; 1: token by token).")] = 0,
+    weights: Annotated[bool, typer.Option(help="Record gate weights.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log.")] = False,
+) -> None:
+    """Record per-token, per-layer expert routing from a GGUF model through llama.cpp."""
+    from moesim.tracegen.prompts import load_prompts
+    from moesim.tracegen.recorder import RecordConfig, record_trace
+
+    target = out or Path(f"{model.stem}.trace.arrow")
+    config = RecordConfig(max_tokens=max_tokens, prompt_batch=prompt_batch, n_threads=threads, with_weights=weights, verbose=verbose)
+    prompt_set = load_prompts(prompts)
+    progress, update = _progress("recording", "positions")
+    with progress:
+        result = record_trace(model, prompt_set, target, config, update)
+    if result.interrupted:
+        kept = f"kept {result.prompts_done} completed prompts in {result.path}" if result.path else "no prompt completed, no file written"
+        err_console.print(f"moesim: interrupted: {kept}", markup=False, highlight=False)
+        raise typer.Exit(130)
+    console.print(
+        f"wrote {result.path}: {result.prompts_done} prompts, {result.positions} positions ({result.generated} generated) "
+        f"in {result.seconds:.2f} s ({result.tokens_per_s:.0f} positions/s with routing capture)"
+    )
+
+
+@trace_app.command("speculate")
+def trace_speculate(
+    target: Annotated[Path, typer.Argument(help="Target GGUF MoE model.")],
+    draft: Annotated[Path, typer.Argument(help="Draft GGUF model (same vocabulary).")],
+    prompts: Annotated[Path, typer.Option(help="Prompts: text, one per line, or .jsonl with a 'prompt' field.")],
+    draft_len: Annotated[int, typer.Option(help="Tokens drafted per step (k).")] = 4,
+    max_tokens: Annotated[int, typer.Option(help="Generate at least this many tokens per prompt.")] = 32,
+    out: Annotated[Path | None, typer.Option(help="Run to write (default: TARGET.spec-kK.arrow here).")] = None,
+    threads: Annotated[int, typer.Option(help="CPU threads (0: all this process may use).")] = 0,
+    baseline: Annotated[bool, typer.Option(help="Also time plain greedy decoding of the target (T(1)).")] = True,
+    weights: Annotated[bool, typer.Option(help="Record gate weights.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log.")] = False,
+) -> None:
+    """Run greedy draft-then-verify decoding through llama.cpp and write a measured speculative run."""
+    from moesim.tracegen.prompts import load_prompts
+    from moesim.tracegen.specrun import read_spec_run, spec_run_summary
+    from moesim.tracegen.speculate import SpeculateConfig, speculative_run
+
+    path = out or Path(f"{target.stem}.spec-k{draft_len}.arrow")
+    config = SpeculateConfig(
+        draft_len=draft_len, max_tokens=max_tokens, n_threads=threads, with_weights=weights, baseline=baseline, verbose=verbose
+    )
+    prompt_set = load_prompts(prompts)
+    progress, update = _progress("speculating", "steps")
+    with progress:
+        result = speculative_run(target, draft, prompt_set, path, config, update)
+    if result.interrupted:
+        kept = f"kept {result.prompts_done} completed prompts in {result.path}" if result.path else "no prompt completed, no file written"
+        err_console.print(f"moesim: interrupted: {kept}", markup=False, highlight=False)
+        raise typer.Exit(130)
+    summary = spec_run_summary(read_spec_run(path))
+    console.print(f"wrote {path}: {result.prompts_done} prompts, {result.steps} verify steps")
+    caption = "times are wall-clock means per step on contexts without routing capture"
+    render_table(pl.DataFrame([summary]), title="Speculative run", caption=caption)
+
+
+@trace_app.command("import")
+def trace_import(
+    source_path: Annotated[Path, typer.Argument(help="Table (.csv/.parquet), router logits (.safetensors/.npz) or vLLM step dumps.")],
+    model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
+    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
+    source: Annotated[str, typer.Option(help="auto, table, hf-logits or vllm.")] = "auto",
+    normalize: Annotated[bool, typer.Option(help="hf-logits: renormalise the top-k probabilities (norm_topk_prob).")] = False,
+) -> None:
+    """Import routing recorded elsewhere into a moesim trace."""
+    from moesim.atomic import check_writable
+    from moesim.models import load_preset
+    from moesim.tracegen.importers import import_routing
+    from moesim.tracegen.schema import TraceGeometry
+    from moesim.tracegen.trace import write_trace
+
+    preset = load_preset(model)
+    if preset.kind != "moe":
+        raise InputError(f"model preset '{preset.name}' has no experts; routing needs a MoE model")
+    check_writable(out)
+    trace = import_routing(source_path, TraceGeometry.from_preset(preset, weight_format), source, normalize)
+    write_trace(out, trace)
+    console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} positions from {source_path} ({trace.meta.engine})")
+
+
+@trace_app.command("fit")
+def trace_fit(
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    out: Annotated[Path, typer.Option(help="Parameter file to write (TOML).")],
+    seed: Annotated[int, typer.Option(help="Seed of the simulations.")] = 0,
+    max_positions: Annotated[int, typer.Option(help="Fit on at most this many positions (first sequences).")] = 1 << 15,
+) -> None:
+    """Fit the mixture routing generator per MoE layer (for `trace synth --params`)."""
+    from moesim.atomic import check_writable
+    from moesim.tracegen.fit import fit_mixture, write_fit
+    from moesim.tracegen.trace import read_trace
+
+    check_writable(out)
+    source = read_trace(trace)
+    result = fit_mixture(source, seed=seed, max_positions=max_positions)
+    write_fit(out, result, trace, source.meta.geometry)
+    g = result.generator
+    table = pl.DataFrame(
+        {
+            "layer": list(source.meta.geometry.moe_layers),
+            "keep_prob": list(g.keep_prob),  # type: ignore[arg-type]
+            "keep_prob_2..4": [list(v) for v in zip(g.keep_prob_2, g.keep_prob_3, g.keep_prob_4, strict=True)],  # type: ignore[arg-type]
+            "zipf_exponent": list(g.zipf_exponent),  # type: ignore[arg-type]
+            "seq_dispersion": list(g.seq_dispersion),  # type: ignore[arg-type]
+            "reuse_1_source": result.source.reuse[:, 0],
+            "reuse_1_fitted": result.fitted.reuse[:, 0],
+            "share_D_source": result.source.share_far,
+            "share_D_fitted": result.fitted.share_far,
+        }
+    )
+    title = f"Mixture routing fitted to {trace} ({result.positions} positions, {result.sequences} sequences)"
+    caption = f"reuse_1 = mean |S_t ∩ S_t+1| / k; share_D = distinct experts in a window of D = {result.far_distances[1]} tokens / (D·k)"
+    render_table(table, title=title, caption=caption)
+    console.print(f"wrote {out}")
+
+
 # ---- microbenchmarks (measurement tables, contract 3) ----------------------------------------
 
 microbench_app = typer.Typer(
@@ -262,7 +475,7 @@ microbench_app = typer.Typer(
 app.add_typer(microbench_app, name="microbench")
 
 
-def _progress(message: str) -> None:
+def _microbench_progress(message: str) -> None:
     err_console.print(message, markup=False, highlight=False)
 
 
@@ -314,7 +527,7 @@ def microbench_torch(
     config.validate()
     shapes = torch_shapes(model or ["deepseek-v2-lite", "qwen3-30b-a3b"], dtype)
     prepare_out_dir(out)
-    result = run_torch_microbench(config, shapes, progress=_progress)
+    result = run_torch_microbench(config, shapes, progress=_microbench_progress)
     path = write_measurements(result.rows, out, result.provenance, result.device)
     _report_table(path, result.rows, result.provenance)
 
@@ -367,7 +580,7 @@ def microbench_llama_cpp(
         seed=seed,
     )
     prepare_out_dir(out)
-    result = run_llamacpp_shapes(config, shapes, models_dir, progress=_progress)
+    result = run_llamacpp_shapes(config, shapes, models_dir, progress=_microbench_progress)
     path = write_measurements(result.rows, out, result.provenance)
     _report_table(path, result.rows, result.provenance)
 
@@ -399,7 +612,7 @@ def microbench_import_backend_ops(
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input or usage)."""
     try:
-        app(args=argv, prog_name="moesim", standalone_mode=False)
+        code = app(args=argv, prog_name="moesim", standalone_mode=False)  # a command's typer.Exit(n) returns n here
     except MoesimError as exc:
         err_console.print(f"moesim: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
@@ -411,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     except (click.exceptions.Abort, KeyboardInterrupt):
         err_console.print("moesim: interrupted")
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def entry() -> None:

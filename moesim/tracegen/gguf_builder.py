@@ -68,7 +68,7 @@ class TinyModelSpec:
     hidden: int = 32
     expert_ff: int = 16
     heads: int = 4
-    kv_heads: int = 2
+    kv_heads: int = 2  # deepseek2 ignores it: its MLA attention is written with one KV head
     vocab: int = 288
     weight_type: str = "F32"
     seed: int = 0

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -117,7 +117,20 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-class LlamaModel:
+class Closing:
+    """A resource used as a context manager: `with` calls `close()` on the way out."""
+
+    def close(self) -> None:
+        """Free the resource (idempotent)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LlamaModel(Closing):
     """A GGUF model loaded on the CPU, with its vocabulary."""
 
     def __init__(self, path: str | Path, verbose: bool = False, n_gpu_layers: int = 0) -> None:
@@ -137,13 +150,17 @@ class LlamaModel:
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text`, with BOS when the vocabulary adds one."""
+        if self._llama.llama_vocab_type(self.vocab) == self._llama.LLAMA_VOCAB_TYPE_NONE:
+            raise InputError(f"{self.path}: the model has no tokenizer (tokenizer.ggml.model 'no_vocab'); text prompts need one")
         data = text.encode()
         capacity = len(data) + 8
-        buffer = (self._llama.llama_token * capacity)()
-        n = self._llama.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
-        if n < 0:
-            raise EngineError(f"{self.path}: tokenizing a prompt of {len(data)} bytes failed")
-        return list(buffer[:n])
+        for _ in range(2):
+            buffer = (self._llama.llama_token * capacity)()
+            n = self._llama.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
+            if n >= 0:
+                return list(buffer[:n])
+            capacity = -n  # the buffer was too small: llama.cpp says how many it needs
+        raise EngineError(f"{self.path}: tokenizing a prompt of {len(data)} bytes failed")
 
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for."""
@@ -164,12 +181,6 @@ class LlamaModel:
         if self.ptr:
             self._llama.llama_model_free(self.ptr)
             self.ptr = None
-
-    def __enter__(self) -> LlamaModel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class RoutingCapture:
@@ -248,7 +259,7 @@ class RoutingCapture:
         return stacked, None if any(w is None for w in weights) else np.stack(weights, axis=1)  # type: ignore[arg-type]
 
 
-class LlamaContext:
+class LlamaContext(Closing):
     """A decoding context on a model: one sequence, greedy logits, optional routing capture."""
 
     def __init__(
@@ -327,12 +338,6 @@ class LlamaContext:
             self._llama.llama_batch_free(self._batch)
             self._llama.llama_free(self.ptr)
             self.ptr = None
-
-    def __enter__(self) -> LlamaContext:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class DeferredInterrupt:

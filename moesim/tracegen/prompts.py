@@ -36,6 +36,12 @@ class PromptSet:
         return f"{len(self.prompts)} prompts from {self.path.name} (sha256 {self.sha256[:16]})"
 
 
+def prompts_from_texts(texts: list[str], name: str) -> PromptSet:
+    """A prompt set held in memory (e.g. the demo's), described by `name` and a hash of the texts."""
+    data = "\n".join(texts).encode()
+    return PromptSet(Path(name), tuple(Prompt(t, i + 1) for i, t in enumerate(texts)), hashlib.sha256(data).hexdigest())
+
+
 def load_prompts(path: str | Path) -> PromptSet:
     """Read a prompt file (text: one per line; `.jsonl`: field `prompt` per line)."""
     path = Path(path)

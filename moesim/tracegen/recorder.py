@@ -40,6 +40,14 @@ from moesim.tracegen.trace import TraceWriter
 ProgressFn = Callable[[int, int, int], None]  # (prompts done, prompts in all, positions recorded)
 
 
+def check_int_options(config: object, command: str, minimums: dict[str, int]) -> None:
+    """Every named field of a config is an integer at least its minimum (one line naming it otherwise)."""
+    for name, low in minimums.items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(f"{command} option '{name}' must be an integer >= {low}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class RecordConfig:
     """How prompts are run: generated tokens per prompt, prompt batching, threads."""
@@ -53,10 +61,7 @@ class RecordConfig:
     verbose: bool = False
 
     def __post_init__(self) -> None:
-        for name, low in (("max_tokens", 0), ("prompt_batch", 0), ("n_threads", 0), ("n_ubatch", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InputError(f"record option '{name}' must be an integer >= {low}, got {value!r}")
+        check_int_options(self, "record", {"max_tokens": 0, "prompt_batch": 0, "n_threads": 0, "n_ubatch": 1})
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from moesim.tracegen.gguf_meta import read_gguf_info, read_gguf_name
 from moesim.tracegen.llama_engine import (
     BACKEND,
     ENGINE,
+    Closing,
     LlamaContext,
     LlamaModel,
     RoutingCapture,
@@ -48,7 +49,7 @@ from moesim.tracegen.llama_engine import (
     engine_version,
 )
 from moesim.tracegen.prompts import PromptSet
-from moesim.tracegen.recorder import ProgressFn, context_size
+from moesim.tracegen.recorder import ProgressFn, check_int_options, context_size
 from moesim.tracegen.specrun import SequenceInfo, SpecRunMeta, SpecRunWriter, VerifyStep
 
 TIMING = (
@@ -70,10 +71,7 @@ class SpeculateConfig:
     verbose: bool = False
 
     def __post_init__(self) -> None:
-        for name, low in (("draft_len", 1), ("max_tokens", 1), ("n_threads", 0), ("n_ubatch", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InputError(f"speculate option '{name}' must be an integer >= {low}, got {value!r}")
+        check_int_options(self, "speculate", {"draft_len": 1, "max_tokens": 1, "n_threads": 0, "n_ubatch": 1})
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ def _argmax(logits: np.ndarray) -> np.ndarray:
     return np.argmax(logits, axis=-1).astype(np.int32)
 
 
-class SpeculativeSession:
+class SpeculativeSession(Closing):
     """A target (timed + capturing contexts) and a draft, ready to run prompts speculatively."""
 
     def __init__(
@@ -128,12 +126,6 @@ class SpeculativeSession:
     def close(self) -> None:
         """Free contexts and models."""
         self._resources.close()
-
-    def __enter__(self) -> SpeculativeSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def run_prompt(
         self, tokens: list[int], draft_len: int, max_tokens: int, baseline: bool = True, check: Callable[[], None] | None = None

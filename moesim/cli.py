@@ -213,6 +213,39 @@ def simulate(
             return
         render_table(summary_rows(result.summary), title=f"Simulation {config.name}: {result.summary['policy_label']}")
     console.print(f"outputs written to {out_dir}/")
+
+
+# ---- moesim bytes: routing features and expert bytes per pass (issue 4) -------------------------
+
+
+@app.command("bytes")
+def bytes_command(
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n, 1..64.")] = 16,
+    batch: Annotated[int, typer.Option(help="Sequences verified together: union of B·n slots (B > 1 reads the whole trace).")] = 1,
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format of the byte figures (default: the trace's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Distinct experts, tokens per expert and expert bytes per pass of n tokens: per-slot vs dedup."""
+    from moesim.sim.passbytes import bytes_report
+
+    report = bytes_report(trace, max_pass, batch, weight_format)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console.print(
+        f"[bold]{trace}[/bold]: model {report.model}, {len(report.moe_layers)} MoE layers, top-{report.top_k} of {report.experts} experts; "
+        f"one expert = {report.bytes.expert_bytes / 1e6:.2f} MB ({report.bytes.source}); batch {report.batch}"
+    )
+    render_table(
+        report.display_table(),
+        title=f"Per pass of n tokens{'' if report.batch == 1 else f' per sequence, {report.batch} sequences'}",
+        caption=f"{report.windows}. Distinct experts U per MoE layer (mean, p10/p50/p90 over windows and layers; "
+        "uniform = E(1-(1-k/E)^(B·n))); byte_share u = U/(B·n·k); max tokens per expert M; bytes per pass summed over MoE layers",
+    )
+    render_table(report.per_layer_table(), title="Byte share u(n) per MoE layer")
+
+
 # ---- hardware profiles (issue 5) ----------------------------------------------------------------
 
 profile_app = typer.Typer(help="Hardware profiles: fit from measurements, list, show, derive what-if hardware.", no_args_is_help=True)
@@ -528,6 +561,145 @@ def trace_fit(
     caption = f"reuse_1 = mean |S_t ∩ S_t+1| / k; share_D = distinct experts in a window of D = {result.far_distances[1]} tokens / (D·k)"
     render_table(table, title=title, caption=caption)
     console.print(f"wrote {out}")
+
+
+# ---- microbenchmarks (measurement tables, contract 3) ----------------------------------------
+
+microbench_app = typer.Typer(
+    help="Microbenchmarks of one MoE layer's expert operation; each writes a measurement table.", no_args_is_help=True
+)
+app.add_typer(microbench_app, name="microbench")
+
+
+def _microbench_progress(message: str) -> None:
+    err_console.print(message, markup=False, highlight=False)
+
+
+def _report_table(path: Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> None:
+    frame = pl.DataFrame(rows)
+    n_tokens = pl.col("n_tokens")
+    summary = frame.group_by("kernel", "engine").agg(pl.len().alias("rows"), n_tokens.min().alias("n_min"), n_tokens.max().alias("n_max"))
+    render_table(summary.sort("kernel", "engine"))
+    console.print(f"wrote {path} ({frame.height} rows) and {path.parent / 'provenance.json'}", soft_wrap=True)
+    for failure in provenance.get("failures", []):
+        err_console.print(f"warning: {failure['engine']} on {failure['model']} dropped: {failure['error']}", markup=False, highlight=False)
+    if "stopped_early" in provenance:
+        err_console.print(f"warning: time budget used up before n = {provenance['stopped_early']['before_n_tokens']}", markup=False)
+
+
+@microbench_app.command("torch")
+def microbench_torch(
+    out: Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")],
+    model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is measured (repeatable).")] = None,
+    pass_sizes: Annotated[str, typer.Option(help="Tokens per pass, e.g. 1-16,24,32.")] = "1-16,24,32,48,64,96,128",
+    routing: Annotated[list[str] | None, typer.Option(help="same, uniform, distinct (repeatable; default all).")] = None,
+    engine: Annotated[list[str] | None, typer.Option(help="Engines to time (repeatable; default all).")] = None,
+    reps: Annotated[int, typer.Option(help="Timed repetitions per point (median reported).")] = 30,
+    warmup: Annotated[int, typer.Option(help="Discarded warm-up repetitions.")] = 5,
+    layers: Annotated[int, typer.Option(help="Weight copies rotated so weights come from memory, not cache.")] = 4,
+    device: Annotated[str, typer.Option(help="cuda, cuda:N, or cpu (tests the code path; not a calibration).")] = "cuda",
+    dtype: Annotated[str, typer.Option(help="Weight dtype: bf16, f16, f32.")] = "bf16",
+    max_seconds: Annotated[float, typer.Option(help="Stop before the next pass size after this many seconds.")] = 200.0,
+    seed: Annotated[int, typer.Option(help="Random seed (routings, weights).")] = 0,
+) -> None:
+    """Time per-slot and deduplicating expert kernels through torch (CUDA graphs) and write a table."""
+    from moesim.hw_profiles.microbench.routing import ROUTINGS, parse_pass_sizes
+    from moesim.hw_profiles.microbench.table import prepare_out_dir, write_measurements
+    from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig, run_torch_microbench, torch_shapes
+
+    defaults = TorchBenchConfig()
+    config = TorchBenchConfig(
+        pass_sizes=parse_pass_sizes(pass_sizes),
+        routings=tuple(routing or ROUTINGS),
+        engines=tuple(engine or defaults.engines),
+        reps=reps,
+        warmup=warmup,
+        layers=layers,
+        device=device,
+        dtype=dtype,
+        max_seconds=max_seconds,
+        seed=seed,
+    )
+    config.validate()
+    shapes = torch_shapes(model or ["deepseek-v2-lite", "qwen3-30b-a3b"], dtype)
+    prepare_out_dir(out)
+    result = run_torch_microbench(config, shapes, progress=_microbench_progress)
+    path = write_measurements(result.rows, out, result.provenance, result.device)
+    _report_table(path, result.rows, result.provenance)
+
+
+@microbench_app.command("llama-cpp")
+def microbench_llama_cpp(
+    out: Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")],
+    model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is built (repeatable).")] = None,
+    weight_type: Annotated[str, typer.Option(help="Weight type of the built models: F16 or F32.")] = "F16",
+    experts: Annotated[int | None, typer.Option(help="Override the preset's routed experts.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Override the preset's top-k.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Override the preset's hidden size.")] = None,
+    expert_intermediate: Annotated[int | None, typer.Option(help="Override the preset's expert width.")] = None,
+    layers: Annotated[int, typer.Option(help="L: models with L and 2L MoE layers are differenced.")] = 1,
+    heads: Annotated[int, typer.Option(help="Attention heads of the built models.")] = 16,
+    kv_heads: Annotated[int, typer.Option(help="KV heads of the built models.")] = 1,
+    pass_sizes: Annotated[str, typer.Option(help="Tokens per pass, e.g. 1-16,24,32.")] = "1-16,24,32,48,64",
+    routing: Annotated[list[str] | None, typer.Option(help="same, uniform, distinct (repeatable; default all).")] = None,
+    reps: Annotated[int, typer.Option(help="Timed repetitions per pass and model (medians differenced).")] = 9,
+    warmup: Annotated[int, typer.Option(help="Discarded warm-up repetitions.")] = 2,
+    prefix: Annotated[int, typer.Option(help="Tokens prefilled before the timed passes.")] = 32,
+    threads: Annotated[int, typer.Option(help="Decode threads (0: every CPU this process may use).")] = 0,
+    subtract_attention: Annotated[bool, typer.Option(help="Subtract the attention layer time measured on dense twins.")] = True,
+    per_slot_max_tokens: Annotated[int | None, typer.Option(help="Largest pass size run per-slot (default: per backend).")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder).")] = None,
+    statistic: Annotated[str, typer.Option(help="Per-model statistic differenced: median, or min on a shared machine.")] = "median",
+    seed: Annotated[int, typer.Option(help="Random seed (weights, routings).")] = 0,
+) -> None:
+    """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
+    from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig, run_llamacpp_shapes
+    from moesim.hw_profiles.microbench.routing import ROUTINGS, parse_pass_sizes
+    from moesim.hw_profiles.microbench.table import MoeShape, prepare_out_dir, write_measurements
+    from moesim.models import load_preset
+
+    overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
+    shapes = [MoeShape.from_preset(load_preset(m), weight_type).with_overrides(**overrides) for m in model or ["deepseek-v2-lite"]]
+    config = LlamaBenchConfig(
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        pass_sizes=parse_pass_sizes(pass_sizes),
+        routings=tuple(routing or ROUTINGS),
+        reps=reps,
+        warmup=warmup,
+        prefix=prefix,
+        n_threads=threads,
+        subtract_attention=subtract_attention,
+        per_slot_max_tokens=per_slot_max_tokens,
+        statistic=statistic,
+        seed=seed,
+    )
+    prepare_out_dir(out)
+    result = run_llamacpp_shapes(config, shapes, models_dir, progress=_microbench_progress)
+    path = write_measurements(result.rows, out, result.provenance)
+    _report_table(path, result.rows, result.provenance)
+
+
+@microbench_app.command("import-backend-ops")
+def microbench_import_backend_ops(
+    log: Annotated[Path, typer.Argument(help="Console output of `test-backend-ops perf -o MUL_MAT_ID`.")],
+    out: Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")],
+    backend: Annotated[str | None, typer.Option(help="cpu, cuda or metal (default: from the log's backend name).")] = None,
+    per_slot_max_tokens: Annotated[
+        int | None, typer.Option(help="Largest pass size run by a per-slot kernel (default: per backend, see docs).")
+    ] = None,
+) -> None:
+    """Turn llama.cpp's MUL_MAT_ID perf cases into a measurement table (one expert matrix x 3 per row)."""
+    from moesim.hw_profiles.microbench.backend_ops import import_backend_ops
+    from moesim.hw_profiles.microbench.table import prepare_out_dir, write_measurements
+
+    prepare_out_dir(out)
+    result = import_backend_ops(log, backend, per_slot_max_tokens)
+    path = write_measurements(result.rows, out, result.provenance)
+    _report_table(path, result.rows, result.provenance)
+    for type_name, count in result.provenance["skipped_types"].items():
+        err_console.print(f"note: {count} cases of type {type_name} skipped (no byte size known for it)", markup=False)
 
 
 # ---- entry point ------------------------------------------------------------------------------

@@ -24,9 +24,20 @@ ALLOWED = {
 }
 
 
+# Narrow exceptions, by sub-package: the llama.cpp microbenchmark builds its models with the
+# tiny-model builder and runs them with the llama.cpp engine of tracegen (tracegen never imports
+# hw_profiles, so there is no cycle).
+ALLOWED_SUBPACKAGE = {("hw_profiles", "microbench"): {"tracegen"}}
+
+
 def _part(path: Path) -> str:
     rel = path.relative_to(PACKAGE)
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _extra(path: Path) -> set[str]:
+    rel = path.relative_to(PACKAGE).parts
+    return ALLOWED_SUBPACKAGE.get(tuple(rel[:2]), set()) if len(rel) > 2 else set()
 
 
 def _moesim_imports(path: Path) -> set[str]:
@@ -43,7 +54,7 @@ def test_imports_only_go_down() -> None:
     violations = []
     for path in PACKAGE.rglob("*.py"):
         part = _part(path)
-        bad = _moesim_imports(path) - ALLOWED[part] - {part}
+        bad = _moesim_imports(path) - ALLOWED[part] - {part} - _extra(path)
         if bad:
             violations.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
     assert not violations, violations

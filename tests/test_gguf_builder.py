@@ -57,7 +57,7 @@ def test_every_architecture_loads_and_routes_in_llama_cpp(arch: str, tmp_path: P
     if arch == "deepseek2":
         assert geometry.shared_experts == 2
     assert path.stat().st_size == pytest.approx(model_bytes(spec), rel=0.2)
-    llm = llama_cpp.Llama(str(path), n_ctx=128, verbose=False)
+    llm = llama_cpp.Llama(str(path), n_ctx=128, verbose=False, logits_all=True)  # scores of every token, not only the last
     tokens = llm.tokenize(b"moe routing")
     assert tokens[0] == 1 and len(tokens) > 3  # BOS, then pieces / byte fallback
     llm.eval(tokens)

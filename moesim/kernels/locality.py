@@ -13,44 +13,68 @@ import numpy as np
 
 
 @numba.njit(cache=True)
-def _gap_histograms(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_pass: int) -> tuple[np.ndarray, np.ndarray]:
-    """Histograms of g = distance to the previous occurrence of a slot's expert in its sequence
-    (g = t_local + 1 for a first occurrence), capped at max_pass: overall (L, max_pass + 1) and
-    for the last max_pass - 1 positions of each sequence by r = rows to the sequence end."""
+def _gap_histograms(experts, seq_starts, n_experts, max_pass, r0, r1, hist, tail_hist):  # noqa: ANN001, ANN202
+    """Add the slots of rows [r0, r1) to hist[l, g] and, for the last max_pass - 1 rows of a
+    sequence, to tail_hist[l, r, g] (r = rows to the sequence end); g = distance to the previous
+    occurrence of the slot's expert in its sequence (row - sequence start + 1 for a first
+    occurrence), capped at max_pass. The max_pass - 1 rows before r0 are scanned, not counted:
+    an occurrence further back gives g = max_pass either way."""
     _, n_layers, k = experts.shape
-    hist = np.zeros((n_layers, max_pass + 1), np.int64)
-    tail_hist = np.zeros((n_layers, max_pass, max_pass + 1), np.int64)
-    last = np.full((n_layers, n_experts), -1, np.int64)
-    for s in range(seq_starts.shape[0] - 1):
+    last = np.full((n_layers, n_experts), -(1 << 30), np.int32)
+    scan = max(0, r0 - max_pass + 1)
+    s = np.searchsorted(seq_starts, scan, side="right") - 1
+    t = scan
+    while t < r1:
         a = seq_starts[s]
         b = seq_starts[s + 1]
-        for t in range(a, b):
+        stop = min(b, r1)
+        while t < stop:
+            first = min(t - a + 1, max_pass)  # caps g for first occurrences and at max_pass
+            counted = t >= r0
             r = b - t
             for layer in range(n_layers):
                 for j in range(k):
                     e = np.intp(experts[t, layer, j])
-                    p = last[layer, e]
-                    g = t - p if p >= a else t - a + 1
-                    if g > max_pass:
-                        g = max_pass
-                    hist[layer, g] += 1
-                    if r < max_pass:
-                        tail_hist[layer, r, g] += 1
+                    g = min(t - last[layer, e], first)
                     last[layer, e] = t
-    return hist, tail_hist
+                    if counted:
+                        hist[layer, g] += 1
+                        if r < max_pass:
+                            tail_hist[layer, r, g] += 1
+            t += 1
+        s += 1
 
 
-def mean_distinct_experts(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_pass: int) -> np.ndarray:
+@numba.njit(cache=True, parallel=True)
+def _gap_histograms_parallel(experts, seq_starts, n_experts, max_pass, bounds, hist, tail_hist):  # noqa: ANN001, ANN202
+    for b in numba.prange(bounds.shape[0] - 1):
+        _gap_histograms(experts, seq_starts, n_experts, max_pass, bounds[b], bounds[b + 1], hist[b], tail_hist[b])
+
+
+def mean_distinct_experts(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_pass: int, parallel: bool = False) -> np.ndarray:
     """Mean over windows of distinct experts U(n) per layer, for n = 1..max_pass: shape (L, max_pass).
 
     A slot adds a new expert to a window exactly when its expert's previous occurrence lies
     before the window; a slot at gap g lies new in min(g, n) windows of size n, less
     min(g, n - r) windows cut off by the sequence end (r = rows to the end, r < n). Windows
-    never cross a sequence boundary. A pass size with no window gives NaN.
+    never cross a sequence boundary. A pass size with no window gives NaN. `parallel` splits
+    the rows over Numba's threads (same result).
     """
     if max_pass < 1:
         raise ValueError("max_pass must be >= 1")
-    hist, tail_hist = _gap_histograms(experts, np.asarray(seq_starts, np.int64), n_experts, max_pass)
+    starts = np.asarray(seq_starts, np.int64)
+    n_rows, n_layers, _ = experts.shape
+    if n_rows and int(experts.max()) >= n_experts:
+        raise ValueError(f"expert ids must be below n_experts ({n_experts})")
+    ranges = max(1, min(numba.get_num_threads(), n_rows // 4096)) if parallel else 1
+    bounds = np.linspace(0, n_rows, ranges + 1).astype(np.int64)
+    hist = np.zeros((ranges, n_layers, max_pass + 1), np.int64)
+    tail_hist = np.zeros((ranges, n_layers, max_pass, max_pass + 1), np.int64)
+    if parallel:
+        _gap_histograms_parallel(experts, starts, n_experts, max_pass, bounds, hist, tail_hist)
+    else:
+        _gap_histograms(experts, starts, n_experts, max_pass, 0, n_rows, hist[0], tail_hist[0])
+    hist, tail_hist = hist.sum(axis=0), tail_hist.sum(axis=0)
     g = np.arange(max_pass + 1)
     n = np.arange(1, max_pass + 1)
     totals = hist @ np.minimum(g[:, None], n[None, :])  # (L, N)
@@ -58,7 +82,7 @@ def mean_distinct_experts(experts: np.ndarray, seq_starts: np.ndarray, n_experts
     cut = np.minimum(g[None, :, None], np.maximum(n[None, None, :] - r[:, None, None], 0))  # (r, g, n)
     cut = np.where(r[:, None, None] < n[None, None, :], cut, 0)
     totals = totals - np.einsum("lrg,rgn->ln", tail_hist, cut)
-    lengths = np.diff(np.asarray(seq_starts, np.int64))
+    lengths = np.diff(starts)
     windows = np.maximum(lengths[:, None] - n[None, :] + 1, 0).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(windows > 0, totals / np.maximum(windows, 1), np.nan)

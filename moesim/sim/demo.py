@@ -13,7 +13,7 @@ import polars as pl
 
 from moesim.atomic import atomic_dir
 from moesim.models import load_preset
-from moesim.sim.passbytes import pass_bytes_table
+from moesim.sim.passbytes import pass_bytes_table, tokens_per_expert_table
 from moesim.tracegen.synth import Sticky, synthesize
 from moesim.tracegen.trace import Trace, write_trace
 
@@ -106,6 +106,18 @@ def _speculation_section(trace: Trace, max_pass: int) -> DemoSection:
     )
 
 
+def _tokens_per_expert_section(trace: Trace, max_pass: int) -> DemoSection:
+    batch = trace.n_seqs
+    return DemoSection(
+        key="tokens_per_expert",
+        title=f"Tokens per expert per pass: one sequence vs a batch of {batch} sequences",
+        caption="byte_share u(n) = distinct experts / (n·k); slots_per_expert = n·k / mean distinct experts (tokens an expert "
+        "read by a dedup engine serves on average); max_tokens_per_expert = tokens of the busiest expert (mean, p90) per layer; "
+        f"_B{batch}: the union of {batch} sequences' n tokens each (MoESD-style batch verification)",
+        table=tokens_per_expert_table(trace, max_pass, batch),
+    )
+
+
 def _profile_section(config: DemoConfig) -> DemoSection:
     """Per-slot vs dedup time per pass size on the calibrated H200 profile (hardware profiles, issue 5)."""
     from moesim.hw_profiles import load_profile
@@ -187,6 +199,7 @@ def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
     trace = synthesize(preset, Sticky(keep_prob=config.keep_prob), config.tokens, config.seqs, config.seed, config.weight_format)
     result = DemoResult(out_dir=out_dir)
     result.sections.append(_bytes_section(trace, config.max_pass))
+    result.sections.append(_tokens_per_expert_section(trace, config.max_pass))
     result.sections.append(_profile_section(config))
     result.sections.append(_recorded_section())
     result.sections.append(_speculation_section(trace, config.max_pass))

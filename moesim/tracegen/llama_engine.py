@@ -133,14 +133,14 @@ class Closing:
 class LlamaModel(Closing):
     """A GGUF model loaded on the CPU, with its vocabulary."""
 
-    def __init__(self, path: str | Path, verbose: bool = False) -> None:
+    def __init__(self, path: str | Path, verbose: bool = False, n_gpu_layers: int = 0) -> None:
         self.path = Path(path)
         rt = runtime(verbose)
         self._llama = rt.llama
         if not self.path.is_file():
             raise InputError(f"{self.path}: no such GGUF file")
         params = self._llama.llama_model_default_params()
-        params.n_gpu_layers = 0
+        params.n_gpu_layers = n_gpu_layers  # 0: CPU; -1: every layer on a GPU build's device (microbenchmarks)
         self.ptr = self._llama.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise EngineError(f"{self.path}: llama.cpp could not load the model (run with --verbose to see its log)")

@@ -1,0 +1,117 @@
+"""Routings of benchmark passes and the features a kernel's time depends on (pure numpy).
+
+Three routing levels, as in the shared H200 measurements: `same` (every token of the pass picks
+the same top-k set, so distinct experts U = k), `uniform` (independent uniform top-k sets) and
+`distinct` (as many distinct experts as possible, U = min(E, n·k)). Every runner draws its passes
+here, so a table's `routing` column means the same thing whichever engine produced it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from moesim.errors import InputError
+from moesim.kernels.features import RoutingFeatures
+
+ROUTINGS = ("same", "uniform", "distinct")
+
+# Pass sizes every runner measures by default: single tokens to 16-token verify passes, then the
+# batched sizes where a deduplicating kernel turns compute-bound.
+DEFAULT_PASS_SIZES = (*range(1, 17), 24, 32, 48, 64)
+
+
+def routing_seed(seed: int, *parts: object) -> int:
+    """A stable per-pass seed: crc32 of the parts, mixed with the run's seed."""
+    return (zlib.crc32("/".join(map(str, parts)).encode()) ^ (seed * 0x9E3779B1)) & 0xFFFFFFFF
+
+
+def routing_ids(routing: str, n_tokens: int, experts: int, top_k: int, seed: int) -> np.ndarray:
+    """Expert ids of one pass, shape (n_tokens, top_k), each row k distinct experts."""
+    if routing not in ROUTINGS:
+        raise InputError(f"unknown routing '{routing}' (known: {', '.join(ROUTINGS)})")
+    if not 1 <= top_k <= experts:
+        raise InputError(f"top_k must lie in 1..experts, got top_k={top_k}, experts={experts}")
+    if n_tokens < 1:
+        raise InputError(f"a pass needs at least one token, got n_tokens={n_tokens}")
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(experts)  # random expert labels, so no routing favours low ids
+    if routing == "same":
+        return np.repeat(labels[None, :top_k], n_tokens, axis=0)
+    if routing == "distinct":
+        slot = np.arange(n_tokens)[:, None] * top_k + np.arange(top_k)[None, :]
+        return labels[slot % experts]
+    return np.argsort(rng.random((n_tokens, experts)), axis=1)[:, :top_k]
+
+
+def pass_features(ids: np.ndarray, experts: int) -> RoutingFeatures:
+    """Tokens n, slots n·k, distinct experts U and the largest token count of one expert."""
+    counts = np.bincount(np.asarray(ids).ravel(), minlength=experts)
+    return RoutingFeatures(
+        n_tokens=np.asarray(ids.shape[0]),
+        slots=np.asarray(ids.size),
+        distinct_experts=np.asarray(int(np.count_nonzero(counts))),
+        max_tokens_per_expert=np.asarray(int(counts.max())),
+    )
+
+
+def gate_weights(n_tokens: int, top_k: int, seed: int) -> np.ndarray:
+    """Positive combine weights of each token's slots, summing to 1 per token: shape (n, k)."""
+    raw = np.random.default_rng(seed).random((n_tokens, top_k)) + 0.1
+    return raw / raw.sum(axis=1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """The slots of one pass in expert order: what a deduplicating kernel iterates over.
+
+    Slot s = t·k + j is token t's j-th choice. `order` lists the slots sorted by expert (stable);
+    expert `present[i]` owns `order[starts[i]:starts[i + 1]]`; `group_ends[e]` is the number of
+    sorted slots with expert <= e (the offsets of a grouped GEMM over all E experts).
+    """
+
+    slot_tokens: np.ndarray
+    slot_experts: np.ndarray
+    order: np.ndarray
+    present: np.ndarray
+    starts: np.ndarray
+    group_ends: np.ndarray
+
+    @property
+    def sorted_tokens(self) -> np.ndarray:
+        """Token of each slot in expert order."""
+        return self.slot_tokens[self.order]
+
+
+def expert_plan(ids: np.ndarray, experts: int) -> ExpertPlan:
+    """Group a pass's slots by expert (host-side, before any timing)."""
+    n_tokens, top_k = ids.shape
+    slot_experts = np.asarray(ids, np.int64).ravel()
+    slot_tokens = np.repeat(np.arange(n_tokens, dtype=np.int64), top_k)
+    order = np.argsort(slot_experts, kind="stable")
+    counts = np.bincount(slot_experts, minlength=experts)
+    present = np.flatnonzero(counts)
+    starts = np.concatenate(([0], np.cumsum(counts[present])))
+    return ExpertPlan(slot_tokens, slot_experts, order, present, starts, np.cumsum(counts))
+
+
+def parse_pass_sizes(text: str) -> tuple[int, ...]:
+    """'1-16,24,32' -> (1, ..., 16, 24, 32): sorted, unique, each >= 1."""
+    sizes: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                if low > high:
+                    raise ValueError
+                sizes.update(range(low, high + 1))
+            else:
+                sizes.add(int(part))
+        except ValueError:
+            raise InputError(f"pass sizes: cannot read '{part}' in '{text}' (expected e.g. 1-16,24,32)") from None
+    if not sizes or min(sizes) < 1:
+        raise InputError(f"pass sizes must be integers >= 1, got '{text}'")
+    return tuple(sorted(sizes))

@@ -5,7 +5,8 @@
    cost lookups, same records) in the same run. Goal: >= 200,000 passes/s.
 2. Batch 32 with the routing union taken from the trace each iteration: engine iterations per
    second when every verify pass asks a BatchCostModel for the union of the 32 requests' windows
-   on a synthetic trace. Goal: >= 5,000 iterations/s.
+   on a synthetic trace, counted by the Numba batch-union counter, against the same union
+   counted with numpy in the same run (both must agree). Goal: >= 5,000 iterations/s.
 
     .venv/bin/python bench/bench_simulate.py [--passes N] [--iterations N]
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from moesim.kernels.unions import union_features, union_scratch
 from moesim.models import load_preset
 from moesim.sim.acceptance import Geometric
 from moesim.sim.costs import TablePassCost
@@ -99,29 +101,39 @@ class ConstantCost:
         return 0.0
 
 
-class NumpyUnionCost:
-    """A stand-in trace-driven cost model: per verify pass, the distinct experts of the union of
-    the batch's windows in each MoE layer, counted with numpy (not the Numba batch-union counter),
-    turned into time as fixed + per-distinct-expert time (illustrative numbers)."""
+class UnionCost:
+    """A trace-driven cost model for the benchmark: per verify pass, the distinct experts of the
+    union of the batch's windows in each MoE layer, turned into time as fixed + per-distinct-expert
+    time (illustrative numbers). `counter` is 'numba' (moesim.kernels.unions.union_features, the
+    batch-union counter) or 'numpy' (gather the ids, key them by layer, bincount)."""
 
-    def __init__(self, trace: Trace, fixed_us: float = 2000.0, expert_us: float = 4.0) -> None:
+    def __init__(self, trace: Trace, counter: str, fixed_us: float = 2000.0, expert_us: float = 4.0) -> None:
         self.experts = trace.experts
         self.seq_starts = trace.seq_starts
-        self.n_layers, self.top_k = trace.experts.shape[1:]
+        self.n_layers = trace.experts.shape[1]
         self.n_experts = trace.meta.geometry.experts
-        self.key_type = np.uint16 if self.n_layers * self.n_experts <= 1 << 16 else np.int64
-        self.layer_offset = (np.arange(self.n_layers) * self.n_experts).astype(self.key_type)[None, :, None]
+        self.counter = counter
+        self.scratch = union_scratch(self.n_layers, self.n_experts)
+        self.layer_offset = (np.arange(self.n_layers) * self.n_experts).astype(np.uint16)[None, :, None]
         self.fixed_us = fixed_us
         self.expert_us = expert_us
+        self.distinct_sum = 0
+
+    def distinct(self, first_rows: np.ndarray, n_tokens: np.ndarray) -> int:
+        """Σ over layers of the union's distinct experts."""
+        if self.counter == "numba":
+            u, _ = union_features(self.experts, first_rows, n_tokens, self.n_experts, self.scratch)
+            return int(u.sum())
+        offsets = np.cumsum(n_tokens) - n_tokens
+        rows = np.repeat(first_rows - offsets, n_tokens) + np.arange(int(n_tokens.sum()))
+        keys = self.experts[rows].astype(np.uint16) + self.layer_offset
+        return int(np.count_nonzero(np.bincount(keys.ravel(), minlength=self.n_layers * self.n_experts)))
 
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
-        """Union per layer of the windows' expert sets."""
-        first = self.seq_starts[seqs] + starts
-        offsets = np.cumsum(n_tokens) - n_tokens
-        rows = np.repeat(first - offsets, n_tokens) + np.arange(int(n_tokens.sum()))
-        keys = self.experts[rows].astype(self.key_type) + self.layer_offset
-        counts = np.bincount(keys.ravel(), minlength=self.n_layers * self.n_experts)
-        return self.fixed_us + self.expert_us * int(np.count_nonzero(counts))
+        """Fixed time + time per distinct expert of the union, summed over layers."""
+        distinct = self.distinct(self.seq_starts[seqs] + starts, n_tokens)
+        self.distinct_sum += distinct
+        return self.fixed_us + self.expert_us * distinct
 
     def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
         """An n-gram drafter: free."""
@@ -177,13 +189,18 @@ def main() -> None:
     trace = synthesize(load_preset("qwen3-30b-a3b"), Sticky(keep_prob=0.3), 4096, 32, 0)
     wall_e, iters_e = best_of(repeats, lambda: engine_batch32(trace, 3000.0 * args.iterations, ConstantCost()))
     print(f"simpy engine,      batch 32, static k=3, protocol cost doing no work: {iters_e / wall_e:,.0f} iterations/s")
-    union_cost = NumpyUnionCost(trace)
-    _, pilot_iters = engine_batch32(trace, 1e6, union_cost)
+    numba_cost, numpy_cost = UnionCost(trace, "numba"), UnionCost(trace, "numpy")
+    check = [engine_batch32(trace, 1e6, cost)[1] for cost in (numba_cost, numpy_cost)]  # also the JIT warm-up
+    assert check[0] == check[1] and numba_cost.distinct_sum == numpy_cost.distinct_sum > 0, "numba and numpy unions disagree"
+    _, pilot_iters = engine_batch32(trace, 1e6, numba_cost)
     duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
-    wall32, iters32 = best_of(repeats, lambda: engine_batch32(trace, duration_us, union_cost))
+    wall32, iters32 = best_of(repeats, lambda: engine_batch32(trace, duration_us, numba_cost))
+    wall_np, iters_np = best_of(repeats, lambda: engine_batch32(trace, duration_us, numpy_cost))
+    shape = "32 windows of 4 tokens, 48 MoE layers, top-8 of 128, synthetic Qwen3-30B-A3B-shaped trace"
+    print(f"simpy engine,      batch 32, static k=3, union from the trace by numpy ({shape}): {iters_np / wall_np:,.0f} iterations/s")
     print(
-        f"simpy engine,      batch 32, static k=3, union of the 32 windows (128 tokens x 48 layers, top-8 of 128) per pass "
-        f"counted by a numpy stand-in for the batch-union counter: {iters32 / wall32:,.0f} iterations/s"
+        f"simpy engine,      batch 32, static k=3, union from the trace by the batch-union counter: {iters32 / wall32:,.0f} "
+        f"iterations/s, {wall_np / wall32:.1f}x the numpy union's rate"
     )
     print(f"iterations_per_s_batch32: {iters32 / wall32:.0f}")
     print(f"passes_per_s: {passes / wall:.0f}")

@@ -13,7 +13,7 @@ import json
 import tomllib
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -144,7 +144,7 @@ class ModelPreset:
 
     # ---- layer structure -------------------------------------------------------------
 
-    @property
+    @cached_property
     def moe_layers(self) -> tuple[int, ...]:
         """Model layer indices that route tokens to experts."""
         if self.kind != "moe":

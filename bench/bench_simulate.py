@@ -6,7 +6,8 @@
 2. Batch 32 with the routing union taken from the trace each iteration: engine iterations per
    second when every verify pass asks a BatchCostModel for the union of the 32 requests' windows
    on a synthetic trace, counted by the Numba batch-union counter, against the same union
-   counted with numpy in the same run (both must agree). Goal: >= 5,000 iterations/s.
+   counted with numpy in the same run (both must agree); and through the trace-driven step-time
+   model (`TraceBatchCost`: the counter plus the profile's time model). Goal: >= 5,000 iterations/s.
 
     .venv/bin/python bench/bench_simulate.py [--passes N] [--iterations N]
 
@@ -24,16 +25,21 @@ from typing import Any
 
 import numpy as np
 
+from moesim.hw_profiles import load_profile
 from moesim.kernels.unions import union_features, union_scratch
 from moesim.models import load_preset
 from moesim.sim.acceptance import Geometric
 from moesim.sim.costs import TablePassCost
+from moesim.sim.drafters import make_drafter
 from moesim.sim.engine import Engine
 from moesim.sim.policies import Cascade, Policy, Static
+from moesim.sim.steptime import StepTimeModel
+from moesim.sim.tracecost import TraceBatchCost
 from moesim.sim.workload import Arrivals, TraceWindows, Workload
 from moesim.tracegen.synth import Sticky, synthesize
 from moesim.tracegen.trace import Trace
 
+QWEN3 = load_preset("qwen3-30b-a3b")
 TABLE = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draft_step_us=30.0)
 ALPHA = 0.7
 
@@ -186,7 +192,7 @@ def main() -> None:
     print(f"simpy engine,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
     wall_c, _, passes_c = best_of(repeats, lambda: engine_batch1(Cascade(), args.passes))
     print(f"simpy engine,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
-    trace = synthesize(load_preset("qwen3-30b-a3b"), Sticky(keep_prob=0.3), 4096, 32, 0)
+    trace = synthesize(QWEN3, Sticky(keep_prob=0.3), 4096, 32, 0)
     wall_e, iters_e = best_of(repeats, lambda: engine_batch32(trace, 3000.0 * args.iterations, ConstantCost()))
     print(f"simpy engine,      batch 32, static k=3, protocol cost doing no work: {iters_e / wall_e:,.0f} iterations/s")
     numba_cost, numpy_cost = UnionCost(trace, "numba"), UnionCost(trace, "numpy")
@@ -202,7 +208,18 @@ def main() -> None:
         f"simpy engine,      batch 32, static k=3, union from the trace by the batch-union counter: {iters32 / wall32:,.0f} "
         f"iterations/s, {wall_np / wall32:.1f}x the numpy union's rate"
     )
-    print(f"iterations_per_s_batch32: {iters32 / wall32:.0f}")
+    step_rates = {}
+    for engine in ("dedup", "best"):
+        step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), engine), trace, make_drafter("ngram", QWEN3))
+        _, pilot_iters = engine_batch32(trace, 1e6, step_cost)
+        duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
+        wall_st, iters_st = best_of(repeats, lambda cost=step_cost, d=duration_us: engine_batch32(trace, d, cost))
+        print(
+            f"simpy engine,      batch 32, static k=3, the trace-driven step-time model (TraceBatchCost: union counter + "
+            f"nvidia-h200 profile, engine {engine}): {iters_st / wall_st:,.0f} iterations/s"
+        )
+        step_rates[engine] = iters_st / wall_st
+    print(f"iterations_per_s_batch32: {step_rates['dedup']:.0f}")
     print(f"passes_per_s: {passes / wall:.0f}")
 
 

@@ -183,7 +183,8 @@ def test_demo_ends_with_static_vs_cascade(cli, tmp_path: Path) -> None:  # type:
     speculation = pl.read_csv(out_dir / "speculation.csv")
     assert set(speculation["policy"]) == {"static k=1", "static k=2", "static k=3", "cascade"}
     assert set(speculation["workload"]) == {"low", "high"}
-    # low acceptance: every static k loses, Cascade loses least; high: speculation pays
+    # low acceptance: Cascade's worst request slows down least (its point); high: speculation pays
     low = speculation.filter(pl.col("workload") == "low")
-    assert low.filter(pl.col("policy") != "cascade")["speedup"].max() < low.filter(pl.col("policy") == "cascade")["speedup"].item()
+    cascade_worst = low.filter(pl.col("policy") == "cascade")["worst_slowdown"].item()
+    assert cascade_worst < low.filter(pl.col("policy") != "cascade")["worst_slowdown"].min()
     assert speculation.filter(pl.col("workload") == "high")["speedup"].min() > 1.0

@@ -68,20 +68,26 @@ def _bytes_section(trace: Trace, max_pass: int) -> DemoSection:
     )
 
 
-def _speculation_section(trace: Trace, max_pass: int) -> DemoSection:
-    """Static draft lengths against Cascade at batch 1 on two workloads (simulated)."""
+def _speculation_section(config: DemoConfig) -> DemoSection:
+    """Static draft lengths against Cascade at batch 1 on two workloads, simulated on the
+    trace-driven step-time model (the demo's trace on the calibrated H200 profile)."""
     from moesim.sim.simconfig import config_from_dict
     from moesim.sim.simulate import run_study
 
-    # Pass times ASSUMED until the step-time model lands: 300 µs fixed + the trace's expert bytes
-    # per pass (deduplicated) at 2 TB/s.
-    bytes_per_pass = pass_bytes_table(trace, max_pass)["dedup_bytes"].to_numpy()
-    target_us = (300.0 + bytes_per_pass / 2e6).tolist()
-    config = config_from_dict(
+    study = config_from_dict(
         {
-            "run": {"seed": 0, "requests": 8},
+            "run": {"seed": config.seed, "requests": 8},
             "workload": {"prompt_tokens": 128, "output_tokens": 256},
-            "cost": {"kind": "table", "target_us": target_us},
+            "trace": {
+                "synth": "sticky",
+                "synth_params": {"keep_prob": config.keep_prob},
+                "tokens": config.tokens,
+                "seqs": config.seqs,
+                "seed": config.seed,
+            },
+            "target": {"model": config.model, "weight_format": config.weight_format, "profile": "nvidia-h200", "engine": "best"},
+            "drafter": {"kind": "ngram"},
+            "cost": {"kind": "steptime"},
             "acceptance": {"model": "geometric", "alpha": 0.5},
             "policy": {"name": "off"},
             "study": {
@@ -95,13 +101,14 @@ def _speculation_section(trace: Trace, max_pass: int) -> DemoSection:
         "demo",
         Path("."),
     )
-    table = run_study(config).select("workload", "policy", "speedup", "worst_slowdown", "mean_draft_len", "tokens_per_pass")
+    table = run_study(study).select("workload", "policy", "speedup", "worst_slowdown", "mean_draft_len", "tokens_per_pass")
     return DemoSection(
         key="speculation",
-        title="Simulated speculative decoding, batch 1, n-gram drafter: static k vs Cascade",
-        caption="acceptance α per request ~ Beta(3, 7) (low) or Beta(8, 2) (high); speedup = throughput / throughput "
-        "with speculation off; worst_slowdown = the slowest request's time per output token relative to speculation off "
-        "(> 1: slower); pass times assumed (300 µs + the trace's expert bytes at 2 TB/s)",
+        title=f"Simulated speculative decoding, {config.model} {config.weight_format} on the H200 profile, batch 1, "
+        "n-gram drafter: static k vs Cascade",
+        caption="acceptance α per request ~ Beta(3, 7) (low) or Beta(8, 2) (high); pass times from the step-time model "
+        "on the demo's trace (cheapest expert kernel per pass); speedup = throughput / throughput with speculation off; "
+        "worst_slowdown = the slowest request's time per output token relative to speculation off (> 1: slower)",
         table=table,
     )
 
@@ -202,7 +209,7 @@ def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
     result.sections.append(_tokens_per_expert_section(trace, config.max_pass))
     result.sections.append(_profile_section(config))
     result.sections.append(_recorded_section())
-    result.sections.append(_speculation_section(trace, config.max_pass))
+    result.sections.append(_speculation_section(config))
     with atomic_dir(out_dir) as staging:
         write_trace(staging / "trace.arrow", trace)
         for section in result.sections:

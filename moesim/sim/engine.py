@@ -91,7 +91,7 @@ class EngineRecord:
     verify_us: np.ndarray
     batch: np.ndarray  # decoding requests
     admitted: np.ndarray  # requests prefilled
-    distinct_experts: np.ndarray  # mean distinct experts per MoE layer of the verify pass (NaN: not reported)
+    distinct_experts: np.ndarray  # mean distinct experts per MoE layer of the verify pass (NaN: not reported or no decode)
     # per (iteration, decoding request), iteration-major
     step_request: np.ndarray
     step_draft_len: np.ndarray
@@ -222,7 +222,9 @@ class Engine:
         k_cap = self.k_cap
         no_admissions: tuple[Request, ...] = ()
         active: list[Request] = []
-        rec_start, rec_draft, rec_verify, rec_batch = self._it = ([], [], [], [])
+        rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = self._it = ([], [], [], [], [])
+        # a cost model that counts the verify pass's routing says so after each call (`last_distinct_experts`)
+        reports = self.cost if hasattr(self.cost, "last_distinct_experts") else None
         rec_admit_at, rec_prefill, rec_admitted = self._admissions = ([], [], [])  # sparse: iterations that prefilled
         step_request, step_k, step_acc = self._steps = ([], [], [])
         progress = self.progress
@@ -250,6 +252,7 @@ class Engine:
                         k = remaining - 1
                     ks.append(k)
                 draft_us, verify_us = coster.iteration(active, ks)
+                rec_distinct.append(reports.last_distinct_experts if reports is not None else math.nan)
                 if windows:
                     for i in range(n):
                         request = active[i]
@@ -259,6 +262,7 @@ class Engine:
             elif admitted:
                 ks = []
                 draft_us = verify_us = 0.0
+                rec_distinct.append(math.nan)
             else:
                 if not self._can_issue():
                     return
@@ -348,7 +352,7 @@ class Engine:
         return self._record()
 
     def _record(self) -> EngineRecord:
-        start, draft, verify, batch = self._it
+        start, draft, verify, batch, distinct = self._it
         admit_at, prefill_sparse, admitted_sparse = self._admissions
         step_request, step_k, step_acc = self._steps
         n_iter = len(draft)  # an iteration cut by the duration has a start but no end
@@ -364,7 +368,7 @@ class Engine:
             verify_us=np.asarray(verify, np.float64),
             batch=np.asarray(batch, np.int64),
             admitted=admitted,
-            distinct_experts=np.full(n_iter, np.nan),
+            distinct_experts=np.asarray(distinct[:n_iter], np.float64),
             step_request=np.asarray(step_request, np.int64),
             step_draft_len=np.asarray(step_k, np.int64),
             step_accepted=np.asarray(step_acc, np.int64),

@@ -30,6 +30,7 @@ from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
 from moesim.sim.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
+from moesim.sim.drafters import make_drafter
 from moesim.sim.fields import FieldError, build, require
 from moesim.sim.policies import POLICIES, Policy
 from moesim.sim.workload import Arrivals, Workload
@@ -101,6 +102,7 @@ class CostSection:
     target_us: tuple[float, ...] | None = None
     draft_step_us: float = 0.0
     prefill_us_per_token: float = 0.0
+    prefill_chunk: int = 512
 
     def __post_init__(self) -> None:
         require(self.kind in self.KINDS, "kind", f"unknown cost kind '{self.kind}' (known: {', '.join(self.KINDS)})")
@@ -114,6 +116,7 @@ class CostSection:
             "prefill_us_per_token",
             f"must be >= 0, got {self.prefill_us_per_token}",
         )
+        require(self.prefill_chunk >= 1, "prefill_chunk", f"must be >= 1, got {self.prefill_chunk}")
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,14 @@ class DrafterSection:
         if self.kind == "fixed":
             t = self.time_us
             require(t is not None and math.isfinite(t) and t >= 0, "time_us", f"a fixed drafter needs time_us >= 0, got {t}")
+
+    def spec(self) -> str:
+        """The drafter as `moesim.sim.drafters.make_drafter` names it."""
+        if self.kind == "preset":
+            return self.model  # type: ignore[return-value]
+        if self.kind == "fixed":
+            return f"fixed:{self.time_us}"
+        return self.kind
 
 
 @dataclass(frozen=True)
@@ -224,16 +235,22 @@ def _resolve(value: str | None, base_dir: Path) -> str | None:
     return str(path if path.is_absolute() else base_dir / path)
 
 
-def _check_target(target: TargetSection, models: tuple[str | None, ...], source: str) -> None:
-    """Every target model is a preset, the profile loads and has the engine's family."""
+def _check_target(target: TargetSection, drafter: DrafterSection | None, models: tuple[str | None, ...], source: str) -> None:
+    """Every target model is a preset, the drafter resolves against it (when the step-time model
+    runs), the profile loads and has the engine's family."""
     for model in models:
         if model is None:
             continue
         try:
-            load_preset(model)
+            preset = load_preset(model)
         except MoesimError as exc:
             key = "target.model" if model == target.model else "study.models"
             raise ConfigError(f"{source}: key '{key}': {exc}") from None
+        if drafter is not None:
+            try:
+                make_drafter(drafter.spec(), preset)
+            except MoesimError as exc:
+                raise ConfigError(f"{source}: key 'drafter.{'model' if drafter.kind == 'preset' else 'kind'}': {exc}") from None
     if target.profile is None:
         return
     try:
@@ -318,7 +335,7 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         policy=policy,
         study=_study(data["study"], source, base_dir, cost) if "study" in data else None,
     )
-    _check_target(target, config.models(), source)
+    _check_target(target, config.drafter if cost.kind == "steptime" else None, config.models(), source)
     if trace is not None and trace.path is not None and MODEL_PLACEHOLDER in str(trace.path):
         for model in config.models():
             path = trace.path_for(model)

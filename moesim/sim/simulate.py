@@ -14,15 +14,19 @@ import polars as pl
 import pyarrow as pa
 
 from moesim.atomic import atomic_dir
-from moesim.errors import ConfigError, InputError
+from moesim.errors import ConfigError, InputError, MoesimError
+from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
 from moesim.sim.acceptance import AcceptanceModel
 from moesim.sim.costs import BatchCostModel, TablePassCost
+from moesim.sim.drafters import make_drafter
 from moesim.sim.engine import Engine, EngineRecord
 from moesim.sim.fields import FieldError, dump
 from moesim.sim.policies import Off, Policy
 from moesim.sim.simconfig import SimConfig
 from moesim.sim.simout import iterations_table, requests_table, summary, write_arrow, write_run
+from moesim.sim.steptime import StepTimeModel
+from moesim.sim.tracecost import TraceBatchCost
 from moesim.sim.workload import TraceWindows
 from moesim.tracegen.synth import make_generator, synthesize
 from moesim.tracegen.trace import Trace, read_trace
@@ -48,14 +52,24 @@ def load_trace(config: SimConfig, model: str | None) -> Trace | None:
         raise ConfigError(f"{config.source}: key 'trace.path': {exc}") from None
 
 
-def build_cost(config: SimConfig, trace: Trace | None) -> BatchCostModel:
-    """The cost model the config names."""
+def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None) -> BatchCostModel:
+    """The cost model the config names: the pass-cost table, or the step-time model of the target
+    `model` (default: the config's) on its profile replaying the trace (`TraceBatchCost`)."""
     cost = config.cost
     if cost.kind == "table":
         return TablePassCost(np.asarray(cost.target_us, np.float64), cost.draft_step_us, cost.prefill_us_per_token)
-    raise ConfigError(
-        f"{config.source}: key 'cost.kind': 'steptime' needs the trace-driven step-time model (moesim.sim.steptime), not in this build"
-    )
+    target = config.target
+    name = model or target.model
+    try:
+        preset = load_preset(name or "")
+        step_time = StepTimeModel(preset, load_profile(target.profile or ""), target.engine, target.weight_format or "")
+        drafter = make_drafter(config.drafter.spec(), preset)
+    except MoesimError as exc:
+        raise ConfigError(f"{config.source}: key 'target': {exc}") from None
+    try:
+        return TraceBatchCost(step_time, trace, drafter, cost.prefill_chunk)  # type: ignore[arg-type]
+    except MoesimError as exc:
+        raise ConfigError(f"{config.source}: key 'trace': {exc}") from None
 
 
 def trace_windows(config: SimConfig, trace: Trace | None, k_cap: int) -> TraceWindows | None:
@@ -171,6 +185,7 @@ def simulate(config: SimConfig, progress: Progress | None = None) -> SimResult:
 STUDY_COLUMNS = (
     "throughput_tok_s",
     "speedup",
+    "tpot_speedup",
     "tpot_mean_us",
     "tpot_p99_us",
     "worst_slowdown",
@@ -192,17 +207,17 @@ def run_study(config: SimConfig, progress: Progress | None = None) -> pl.DataFra
     rows = []
     for model in models:
         cell_config = config.with_cell(model, config.acceptance, config.policy)
-        trace = load_trace(cell_config, model)
-        cost = build_cost(cell_config, trace)
+        cell_trace = load_trace(cell_config, model)
+        cost = build_cost(cell_config, cell_trace)
         for workload, acceptance in study.workloads:
-            off = run_engine(cell_config, cost, trace, Off(), acceptance, _scaled(progress, done / cells, (done + 1) / cells))
+            off = run_engine(cell_config, cost, cell_trace, Off(), acceptance, _scaled(progress, done / cells, (done + 1) / cells))
             done += 1
             for policy in study.policies:
-                run_config = cell_config.with_cell(model, acceptance, policy)
                 if policy.name == "off":
                     record = off
                 else:
-                    record = run_engine(run_config, cost, trace, policy, acceptance, _scaled(progress, done / cells, (done + 1) / cells))
+                    step = _scaled(progress, done / cells, (done + 1) / cells)
+                    record = run_engine(cell_config.with_cell(model, acceptance, policy), cost, cell_trace, policy, acceptance, step)
                 done += 1
                 stats = summary(record, off, {})
                 rows.append(

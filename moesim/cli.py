@@ -246,6 +246,157 @@ def bytes_command(
     render_table(report.per_layer_table(), title="Byte share u(n) per MoE layer")
 
 
+# ---- step time and closed-form analysis (issue 6) ---------------------------------------------
+
+TraceOpt = Annotated[Path, typer.Option("--trace", help="Routing trace (Arrow IPC) whose windows the passes replay.")]
+ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in hardware profile name or a profile TOML path.")]
+EngineOpt = Annotated[str, typer.Option("--engine", help="per_slot, any dedup family of the profile, or best.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Target preset (default: the trace's model).")]
+DrafterOpt = Annotated[str, typer.Option("--drafter", help="ngram, eagle, fixed:US (µs per draft step), or a dense preset.")]
+FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format (default: the trace's).")]
+ContextOpt = Annotated[int, typer.Option("--context", help="KV tokens per sequence at the pass.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
+def _scenario(trace: Path, profile: str, engine: str, model: str | None, drafter: str, weight_format: str | None, context: int) -> Any:
+    from moesim.sim.analysis import load_scenario
+
+    return load_scenario(trace, profile, engine, model, drafter, weight_format, context)
+
+
+def _warn(warnings: list[str]) -> None:
+    for line in warnings:
+        err_console.print(f"moesim: warning: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _provenance_line(share: dict[str, float]) -> str:
+    return ", ".join(f"{100 * v:.0f} % {k}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
+
+
+@app.command("predict")
+def predict_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    engine: EngineOpt = "per_slot",
+    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n (1..64).")] = 16,
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    context: ContextOpt = 512,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pass time T(n) per pass size, expected over the trace's windows, with intervals from held-out error."""
+    from moesim.sim.analysis import predict
+
+    result = predict(_scenario(trace, profile, engine, model, "ngram", weight_format, context), max_pass)
+    _warn(result.warnings)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    render_table(
+        result.table(),
+        title=f"Pass time T(n), engine {result.engine}, profile {profile}",
+        caption=f"interval = each family's held-out ε (expert ±{100 * result.cost.expert_epsilon:.1f} %, "
+        f"dense ±{100 * result.cost.dense_epsilon:.1f} %); time rests on: {_provenance_line(result.cost.provenance_share())}",
+    )
+
+
+@app.command("best-draft")
+def best_draft_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    alpha: Annotated[list[float], typer.Option("--alpha", help="Acceptance rate(s) in [0, 1] (repeatable).")],
+    max_draft: Annotated[int, typer.Option("--max-draft", help="Largest draft length k.")] = 8,
+    engine: EngineOpt = "per_slot",
+    drafter: DrafterOpt = "ngram",
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    context: ContextOpt = 512,
+    as_json: JsonOpt = False,
+) -> None:
+    """Best draft length k*(α) and its speedup, with intervals, the staircase and break-even acceptances."""
+    from moesim.sim.analysis import best_draft_analysis
+
+    result = best_draft_analysis(_scenario(trace, profile, engine, model, drafter, weight_format, context), alpha, max_draft)
+    _warn(result.warnings)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    render_table(
+        result.table(),
+        title=f"Best draft length, engine {engine}, drafter {drafter}, profile {profile}",
+        caption="best_draft_range: the best k over the corners of the error box (ambiguous when it spans several)",
+    )
+    steps = ", ".join(f"k={k} from α={a:.3f}" for a, k in result.steps)
+    console.print(f"staircase: {steps}")
+
+
+@app.command("crossover")
+def crossover_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    dedup_family: Annotated[str, typer.Option("--dedup-family", help="The deduplicating family compared with per_slot.")] = "dedup",
+    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n (1..64).")] = 32,
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where deduplicating expert reads wins: u(n), r(n), the crossover and the whole win set."""
+    from moesim.sim.analysis import crossover_analysis
+
+    result = crossover_analysis(_scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0), dedup_family, max_pass)
+    _warn(result.warnings)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    render_table(
+        result.table(),
+        title=f"per_slot vs {dedup_family} expert time per MoE pass, profile {profile}",
+        caption="dedup wins at n iff T_dedup(n) < T_per_slot(n), i.e. u(n) < r(n)",
+    )
+    console.print(
+        f"crossover n = {result.crossover_n} (range over the error box {result.crossover_range}); dedup wins at {result.dedup_wins}; "
+        f"uniform routing: crossover {result.uniform_crossover_n}"
+    )
+
+
+@app.command("batch")
+def batch_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    alpha: Annotated[float, typer.Option("--alpha", help="Acceptance rate in [0, 1].")],
+    draft: Annotated[int, typer.Option("--draft", help="Draft length k (>= 1).")],
+    batch: Annotated[str, typer.Option("--batch", help="Batch sizes, comma-separated.")] = "1,2,4,8,16,32",
+    engine: EngineOpt = "per_slot",
+    drafter: DrafterOpt = "ngram",
+    moesd_slots: Annotated[
+        bool, typer.Option("--moesd-slots", help="Verify γ = k slots per sequence (MoESD's convention) instead of k + 1.")
+    ] = False,
+    routing: Annotated[str, typer.Option("--routing", help="trace, or uniform (N(t) of independent uniform routing).")] = "trace",
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    context: ContextOpt = 512,
+    as_json: JsonOpt = False,
+) -> None:
+    """Speedup and MoESD target efficiency T(B,1)/T(B,k+1) vs batch size."""
+    from moesim.sim.analysis import batch_analysis
+
+    try:
+        sizes = [int(b) for b in batch.split(",") if b.strip()]
+    except ValueError:
+        raise InputError(f"--batch must be comma-separated integers, got '{batch}'") from None
+    scenario = _scenario(trace, profile, engine, model, drafter, weight_format, context)
+    result = batch_analysis(scenario, alpha, draft, sizes, moesd_slots, routing)
+    _warn(result.warnings)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    render_table(
+        result.table(),
+        title=f"Batch effect at α = {alpha}, k = {draft} (verify {result.verify_tokens} tokens per sequence), engine {engine}",
+        caption="target_efficiency = T(B,1)/T(B,v) (MoESD); speedup = τ(k,α)·T(B,1)/(T_draft + T(B,k+1))",
+    )
+
+
 # ---- hardware profiles (issue 5) ----------------------------------------------------------------
 
 profile_app = typer.Typer(help="Hardware profiles: fit from measurements, list, show, derive what-if hardware.", no_args_is_help=True)

@@ -65,10 +65,19 @@ def speedup(draft_len: np.ndarray | int, alpha: np.ndarray | float, cost: np.nda
 
 
 def speedup_table(alpha: np.ndarray, cost: np.ndarray) -> np.ndarray:
-    """S for every α (leading axis) and k = 0..k_max (last axis): shape (len(α), len(C))."""
-    a = np.asarray(alpha, np.float64)[:, None]
-    k = np.arange(np.asarray(cost).shape[-1])[None, :]
-    return tokens_per_pass(k, a) / np.asarray(cost, np.float64)[None, :]
+    """S for every α (leading axis) and k = 0..k_max (last axis): shape (len(α), len(C)).
+
+    τ(k, α) is summed directly, Σ_{i<=k} α^i by cumulative product and sum along k (exact near α = 1).
+    """
+    a = np.asarray(alpha, np.float64).reshape(-1, 1)
+    c = np.asarray(cost, np.float64)
+    powers = np.empty((a.shape[0], c.size))
+    powers[:, :1] = 1.0
+    powers[:, 1:] = a
+    np.cumprod(powers, axis=1, out=powers)
+    np.cumsum(powers, axis=1, out=powers)
+    powers /= c
+    return powers
 
 
 def best_draft(alpha: np.ndarray | float, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

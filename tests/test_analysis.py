@@ -1,0 +1,111 @@
+"""Closed-form analyses end to end: JSON shapes, independent recomputation from T(n), uniform
+routing against its formulas, errors and extrapolation warnings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_one_line_error
+
+from moesim.models import load_preset
+from moesim.sim.analysis import batch_analysis, crossover_analysis, load_scenario, predict
+from moesim.sim.moesd import expected_active_experts
+from moesim.tracegen.synth import Sticky, Uniform, synthesize
+from moesim.tracegen.trace import write_trace
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("analysis") / "t.arrow"
+    write_trace(path, synthesize(load_preset("deepseek-v2-lite"), Sticky(keep_prob=0.3), tokens=400, seqs=4, seed=1))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uniform_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("analysis") / "u.arrow"
+    write_trace(path, synthesize(load_preset("deepseek-v2-lite"), Uniform(), tokens=1500, seqs=4, seed=2))
+    return path
+
+
+def test_best_draft_json_matches_exhaustive_search_over_predicted_times(cli, trace_path: Path) -> None:  # type: ignore[no-untyped-def]
+    alphas = [0.0, 0.5, 0.7, 0.85, 0.95]
+    args = ["--trace", trace_path, "--profile", "nvidia-h200", "--max-draft", "6", "--drafter", "qwen3-0.6b"]
+    alpha_args = [x for a in alphas for x in ("--alpha", a)]
+    code, out, err = cli("best-draft", *args, *alpha_args, "--json")
+    assert code == 0, err
+    points = json.loads(out)["points"]
+    assert [p["alpha"] for p in points] == alphas
+    # recompute independently: T(n) from `predict`, drafter steps from the dense family by hand
+    scenario = load_scenario(trace_path, "nvidia-h200", "per_slot", drafter="qwen3-0.6b")
+    t = predict(scenario, 7).cost.total_us()
+    draft = load_preset("qwen3-0.6b")
+    dense = scenario.model.profile.dense
+    kv = 512 * draft.layers * draft.attention.kv_cache_bytes_per_token()
+    step = float(dense.time_us(draft.non_expert_bytes_per_token() + kv, 2.0 * draft.non_expert_params_per_token()))
+    for p in points:
+        a = p["alpha"]
+        speedups = [sum(a**i for i in range(k + 1)) * t[0] / (k * step + t[k]) for k in range(7)]
+        best = max(k for k in range(7) if speedups[k] >= max(speedups) * (1 - 1e-12))
+        assert p["best_draft"] == best
+        assert p["speedup"] == pytest.approx(speedups[best], rel=1e-9)
+        assert p["speedup_low"] <= p["speedup"] <= p["speedup_high"]
+        assert p["best_draft_low"] <= p["best_draft"] <= p["best_draft_high"]
+    assert [p["best_draft"] for p in points] == sorted(p["best_draft"] for p in points)
+
+
+def test_predict_json_and_intervals(cli, trace_path: Path) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("predict", "--trace", trace_path, "--profile", "nvidia-h200", "--engine", "best", "--max-pass", "8", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    times = [p["time_us"] for p in result["passes"]]
+    assert all(p["low_us"] < p["time_us"] < p["high_us"] for p in result["passes"])
+    assert times == sorted(times)  # more tokens never cost less
+    assert sum(result["provenance_share"].values()) == pytest.approx(1.0)
+
+
+def test_crossover_json_and_uniform_formula(cli, uniform_path: Path) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("crossover", "--trace", uniform_path, "--profile", "nvidia-h200", "--max-pass", "24", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    n = np.arange(1, 25)
+    # a uniform trace: u(n) = E(1 - (1 - K/E)^n) / (nK) within 1% (6000 positions x 26 layers)
+    np.testing.assert_allclose(result["byte_share"], 64 * (1 - (58 / 64) ** n) / (6 * n), rtol=0.01)
+    wins = [int(x) for x in n[np.array(result["byte_share"]) < np.array(result["bandwidth_ratio"])]]
+    assert result["dedup_wins"] == wins and result["crossover_n"] == (wins[0] if wins else None)
+
+
+def test_batch_uses_union_and_matches_single_pass_prediction(trace_path: Path) -> None:
+    scenario = load_scenario(trace_path, "nvidia-h200", "best")
+    result = batch_analysis(scenario, 0.8, 3, [1, 4], routing="uniform")
+    # uniform routing: the union of B·n slots has N(B·n) distinct experts on average
+    np.testing.assert_allclose(result.distinct_experts[1], expected_active_experts(16, 64, 6), rtol=0.03)
+    trace_result = batch_analysis(scenario, 0.8, 3, [1])
+    assert trace_result.single_us[0] == pytest.approx(predict(scenario, 1).cost.total_us()[0], rel=1e-9)
+    moesd = batch_analysis(scenario, 0.8, 3, [2], moesd_slots=True)
+    assert moesd.verify_tokens == 3 and moesd.efficiency[0] > batch_analysis(scenario, 0.8, 3, [2]).efficiency[0]
+
+
+def test_errors_and_extrapolation_warning(cli, trace_path: Path) -> None:  # type: ignore[no-untyped-def]
+    base = ["--trace", trace_path, "--profile", "nvidia-h200"]
+    assert_one_line_error(*cli("best-draft", *base, "--alpha", "1.5")[::2], "alpha must lie in [0, 1], got 1.5")
+    assert_one_line_error(*cli("best-draft", *base, "--alpha", "0.5", "--max-draft", "-1")[::2], "max draft length must be >= 0")
+    assert_one_line_error(*cli("predict", *base, "--engine", "dedup_fast")[::2], "no family 'dedup_fast'")
+    assert_one_line_error(*cli("crossover", *base, "--dedup-family", "dedup_fast")[::2], "no dedup family 'dedup_fast'")
+    assert_one_line_error(*cli("batch", *base, "--alpha", "0.5", "--draft", "-2")[::2], "draft length must be >= 0")
+    assert_one_line_error(*cli("predict", *base, "--profile", "no-such-gpu")[::2], "no-such-gpu")
+    code, out, err = cli("batch", *base, "--alpha", "0.8", "--draft", "3", "--batch", "1,64", "--engine", "best", "--json")
+    assert code == 0
+    assert "warning: batch of B = 64 lies beyond the calibrated range (extrapolation factor 2.00)" in err
+    assert json.loads(out)["batches"][1]["extrapolation"] == pytest.approx(2.0)
+
+
+def test_crossover_range_contains_nominal(trace_path: Path) -> None:
+    result = crossover_analysis(load_scenario(trace_path, "nvidia-h200"), "dedup_grouped_gemm", 32)
+    low, high = result.crossover_range
+    if result.crossover_n is not None:
+        assert low is not None and low <= result.crossover_n
+        assert high is None or result.crossover_n <= high

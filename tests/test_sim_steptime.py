@@ -70,3 +70,11 @@ def test_study_over_models() -> None:
     assert table["model"].to_list() == ["olmoe-1b-7b", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "qwen1.5-moe-a2.7b"]
     assert table.filter(pl.col("policy") == "off")["speedup"].to_list() == [1.0, 1.0]
     assert table.filter(pl.col("policy") != "off")["speedup"].n_unique() == 2  # each model on its own pass times
+
+
+def test_same_config_same_bytes_on_the_step_time_model(tmp_path: Path) -> None:
+    config = _config({"name": "cascade", "k_max": 4})
+    for out in ("a", "b"):
+        simulate(config).write(tmp_path / out)
+    for name in ("requests.arrow", "iterations.arrow", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -3,7 +3,7 @@
 Each iteration of the engine:
 1. admits queued requests (FIFO) while the batch holds fewer than `max_batch`; each admitted
    request is prefilled in this iteration (its prefill pass, `prefill_us(prompt_tokens)`, runs
-   before the decode pass and stalls the batch; no chunked prefill) and yields its first
+   before the decode pass and stalls the batch; not mixed into decode passes) and yields its first
    output token at the iteration's end; it decodes from the next iteration on;
 2. asks the policy for the draft length k of every decoding request, capped at the request's
    remaining tokens − 1;

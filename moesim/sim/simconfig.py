@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,6 +33,7 @@ from moesim.sim.drafters import make_drafter
 from moesim.sim.fields import FieldError, build, require
 from moesim.sim.policies import POLICIES, Policy
 from moesim.sim.workload import Arrivals, Workload
+from moesim.tomlfile import read_toml
 from moesim.tracegen.synth import make_generator
 
 MODEL_PLACEHOLDER = "{model}"
@@ -347,10 +347,4 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
 def load_config(path: str | Path) -> SimConfig:
     """Read and validate a simulation config file."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such config file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    return config_from_dict(data, str(path), path.parent)
+    return config_from_dict(read_toml(path, "config"), str(path), path.parent)

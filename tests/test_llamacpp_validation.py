@@ -215,3 +215,32 @@ def test_pipeline_end_to_end_on_a_tiny_shape(tmp_path: Path, cli) -> None:  # ty
     assert curve["draft_lens"] == [0, 1, 3]
     np.testing.assert_allclose(curve["tokens_per_s_measured"][1:], per_k["tokens_per_s"].to_list()[1:], rtol=1e-9)
     assert summary["rows"] == sum(read_spec_run(out / "runs" / f"spec-k{k}.arrow").steps.height for k in (1, 3))
+
+
+def test_committed_cpu_validation_is_what_the_code_computes(cli) -> None:  # type: ignore[no-untyped-def]
+    # the comparison in data/cpu-validation (and docs/validation.md) recomputed from the committed runs,
+    # profile and preset; and `moesim validate` on the same runs measures the same tokens/s
+    from moesim.hw_profiles import load_profile
+    from moesim.sim.llamacpp_validation import validate_draft_lengths
+    from moesim.sim.steptime import StepTimeModel
+
+    folder = DATA / "cpu-validation"
+    runs = [read_spec_run(folder / "runs" / f"spec-k{k}.arrow") for k in (1, 2, 4, 8, 16)]
+    model = StepTimeModel(
+        load_preset(folder / "target-preset.toml"), load_profile(str(folder / "profile.toml")), "dedup_llamacpp_cpu", "F16"
+    )
+    per_k = validate_draft_lengths(runs, model).per_k
+    committed = pl.read_csv(folder / "per_k.csv")
+    assert per_k.columns == committed.columns
+    for column in per_k.columns:
+        np.testing.assert_allclose(per_k[column].to_numpy().astype(float), committed[column].to_numpy().astype(float), rtol=1e-9)
+    code, out, err = cli(
+        "validate", *(folder / "runs" / f"spec-k{k}.arrow" for k in (1, 2, 4, 8, 16)), "--profile", folder / "profile.toml",
+        "--model", folder / "target-preset.toml", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(out)
+    (curve,) = summary["speculative"]
+    np.testing.assert_allclose(curve["tokens_per_s_measured"][1:], committed["tokens_per_s"].to_list()[1:], rtol=1e-9)
+    assert summary["best_draft_measured"] == 0 == summary["best_draft_predicted"]
+    assert summary["rows"] == sum(r.steps.height for r in runs) and summary["extrapolated_rows"] == 0

@@ -66,8 +66,8 @@ class CpuValidationConfig:
 
     draft_lens: tuple[int, ...] = (1, 2, 4, 8, 16)
     noise: float = 0.03
-    repetitions: int = 3
-    max_tokens: int = 64
+    repetitions: int = 6
+    max_tokens: int = 40
     n_threads: int = 1
     moe_layers: int = 2
     vocab: int = 1024
@@ -276,7 +276,7 @@ class CpuValidationResult:
     summary: dict[str, Any]
 
 
-def _calibrate(config: CpuValidationConfig, out_dir: Path, calibration: Path | None, say: Progress) -> Path:
+def _calibrate(config: CpuValidationConfig, out_dir: Path, calibration: Path | None, say: Progress) -> None:
     """The microbenchmark's table (run now, unless an existing folder is given), fitted into profile.toml."""
     if calibration is None:
         calibration = out_dir / "calibration"
@@ -285,9 +285,7 @@ def _calibrate(config: CpuValidationConfig, out_dir: Path, calibration: Path | N
         write_measurements(result.rows, calibration, result.provenance)
     table = calibration / "measurements.parquet"
     report = fit_profile(table, "llamacpp-cpu-validation", backend="cpu")
-    profile_path = out_dir / "profile.toml"
-    write_profile(profile_path, report.profile)
-    return profile_path
+    write_profile(out_dir / "profile.toml", report.profile)
 
 
 @contextlib.contextmanager

@@ -243,26 +243,26 @@ class _Table:
         return union.routing_features()
 
     def expert_shapes(self, rows: list[int], ctx: _Context) -> np.ndarray:
-        """(rows, 3): hidden, intermediate and bytes of one expert, from the shape columns or the row's preset."""
+        """(rows, 3): hidden, intermediate and bytes of one expert, from the shape columns, else the
+        row's preset (`model` or --model; its own weight format unless `dtype` says otherwise)."""
         out = np.empty((len(rows), 3))
         for i, row in enumerate(rows):
             hidden, inter = self.value("hidden", row), self.value("expert_intermediate", row)
             expert_bytes, dtype = self.value("expert_bytes", row), self.value("dtype", row)
+            name = self.value("model", row) or ctx.options.model
+            preset = ctx.preset(str(name)) if name is not None and _is_preset_reference(str(name)) else None
             if hidden is None or inter is None:
-                name = self.value("model", row) or ctx.options.model
-                if name is None or not _is_preset_reference(str(name)):
+                if preset is None:
                     raise InputError(
                         f"{self.where(row)}: fields 'hidden' and 'expert_intermediate' are empty and no preset gives the expert shape "
                         "(column 'model' naming a built-in preset, or --model)"
                     )
-                preset = ctx.preset(str(name))
                 hidden, inter = preset.hidden, preset.expert_intermediate
-                if expert_bytes is None and dtype is None:
-                    expert_bytes = preset.expert_bytes()
             if expert_bytes is None:
-                if dtype is None:
+                if dtype is None and preset is None:
                     raise InputError(f"{self.where(row)}: fields 'expert_bytes' and 'dtype' are empty; one of them gives an expert's bytes")
-                expert_bytes = float(3 * hidden * inter * bytes_per_weight(str(dtype)))
+                fmt = str(dtype) if dtype is not None else preset.default_format  # type: ignore[union-attr]
+                expert_bytes = float(3 * hidden * inter * bytes_per_weight(fmt))
             out[i] = (hidden, inter, expert_bytes)
         return out
 

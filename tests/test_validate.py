@@ -249,6 +249,7 @@ def test_mismatched_inputs_are_one_line_errors(cli, trace_path: Path, tmp_path: 
     assert_one_line_error(*run([{"kernel": "per_slot", "n_tokens": 2, "time_us": 10.0}]), "neither routing features")
     assert_one_line_error(*run([{**features, "model": "deepseek-v2-lite", "scope": "layer"}]), "field 'scope'")
     passes = {**window, "window_start": 0, "scope": "pass"}
+    assert_one_line_error(*run([{**passes, "context_tokens": "long"}], "--trace", trace_path), "field 'context_tokens'")
     assert_one_line_error(*run([passes], "--trace", trace_path, "--model", "qwen3-30b-a3b"), "does not route like")
     assert_one_line_error(*run([{**window, "window_start": 0}], "--trace", trace_path, "--context", "-1"), "--context")
     assert math.isfinite(PROFILE.expert_family("per_slot").heldout_error.epsilon)

@@ -278,6 +278,8 @@ class _Table:
         """KV positions the pass reads: `context_tokens`, else the window's end, else the default."""
         given = self.value("context_tokens", row)
         if given is not None:
+            if isinstance(given, bool) or not isinstance(given, int | float) or not given >= 0:
+                raise InputError(f"{self.where(row)}: field 'context_tokens' must be a number >= 0, got {given!r}")
             return float(given)
         start = self.value("window_start", row)
         return float(start + self.frame["n_tokens"][row]) if start is not None else float(default)

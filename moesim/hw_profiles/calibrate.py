@@ -25,6 +25,7 @@ from moesim.hw_profiles.families import DenseFamily, Roofline
 from moesim.hw_profiles.fit import FamilyFit, expert_inputs, fit_family, solve_relative
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.measurements import load_measurements
+from moesim.hw_profiles.microbench.dense_twins import fit_dense_twins, has_dense_twins
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance, file_sha256
 
@@ -265,6 +266,16 @@ def fit_profile(
         section_sources["families.dense"] = "table"
         field_sources.pop("families.dense.bandwidth_gbps", None)
         field_sources.pop("families.dense.launch_us", None)
+    elif has_dense_twins(frame):
+        twins = fit_dense_twins(frame, table, sources["table"])
+        dense, pass_fixed_us = twins.dense, twins.pass_fixed_us
+        for key in ("families.dense", "pass"):
+            section_sources[key] = "table"
+        for key in ("bandwidth_gbps", "launch_us", "tflops"):
+            field_sources.pop(f"families.dense.{key}", None)
+        for key in ("assumed-dense", "assumed-pass"):
+            sources.pop(key, None)
+        notes.append("dense family and fixed time per pass fitted to the table's dense twins (moesim.hw_profiles.microbench.dense_twins)")
     profile = HardwareProfile(
         name=name,
         description=f"{device.name}: fitted from {table.name} ({frame.height} rows) by `moesim profile fit`",

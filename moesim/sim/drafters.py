@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from moesim.errors import ConfigError
-from moesim.models import ModelPreset, draft_for
+from moesim.models import ModelPreset, draft_for, load_preset
 
 # dense_us(bytes, flops) -> µs: the profile's dense family (weights, KV, attention, LM head).
 DenseTime = Callable[[float, float], float]
@@ -60,7 +60,8 @@ def dense_model_step_us(
 @register_drafter
 @dataclass(frozen=True)
 class DenseModelDrafter:
-    """A small dense model (a preset such as qwen2-0.5b) run on the same device profile."""
+    """A small dense model (a preset such as qwen2-0.5b, or an EAGLE-style head resolved against
+    its target: one decoder layer plus the target's LM head) run on the same device profile."""
 
     name: ClassVar[str] = "model"
     provenance: ClassVar[str] = "profile"
@@ -69,25 +70,6 @@ class DenseModelDrafter:
     def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
         """The draft model's decode step through the profile's dense family."""
         return dense_model_step_us(self.model, batch, context_len, dense_us) if batch else 0.0
-
-
-@register_drafter
-@dataclass(frozen=True)
-class EagleDrafter:
-    """An EAGLE-style head: one decoder layer on the target's hidden states plus the target's LM head."""
-
-    name: ClassVar[str] = "eagle"
-    provenance: ClassVar[str] = "profile"
-    head: ModelPreset
-
-    @classmethod
-    def for_target(cls, target: ModelPreset) -> EagleDrafter:
-        """Resolve the built-in `eagle-head` preset against its target."""
-        return cls(draft_for("eagle-head", target))
-
-    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
-        """The head's one-layer decode step through the profile's dense family."""
-        return dense_model_step_us(self.head, batch, context_len, dense_us) if batch else 0.0
 
 
 @register_drafter
@@ -120,12 +102,11 @@ class FixedDrafter:
 
 def make_drafter(spec: str, target: ModelPreset) -> Drafter:
     """A drafter from a spec: 'ngram', 'eagle', 'fixed:US' (µs per step), or a dense preset name / path."""
-    from moesim.models import load_preset
 
     if spec == "ngram":
         return NgramDrafter()
     if spec == "eagle":
-        return EagleDrafter.for_target(target)
+        return DenseModelDrafter(draft_for("eagle-head", target))
     if spec.startswith("fixed:"):
         try:
             value = float(spec.split(":", 1)[1])

@@ -170,7 +170,7 @@ def _sweep_figures(sweep: pl.DataFrame, alphas: list[float], out_dir: Path, repo
         "Best draft length over α",
         "k*(α) = argmax_k S(k, α) (ties to the larger k) is a non-decreasing staircase; below, the speedup at k* with its range "
         "over the corners of the error box (expert and dense families at ±ε).",
-        plots.staircase_figure(at_batch, series, f"best draft k*(α), {where}, B = {batch}"),
+        plots.staircase_figure(series, f"best draft k*(α), {where}, B = {batch}"),
     )
     chosen = points.filter(pl.col("engine") == engine, pl.col("drafter") == drafter)
     add(
@@ -204,6 +204,9 @@ def _prediction_figure(predictions: pl.DataFrame, out_dir: Path, report: Report)
         return
     error = ((rows["predicted_us"] - rows["time_us"]).abs() / rows["time_us"] * 100).to_numpy()
     title = f"predicted vs measured, {rows.height} rows: median |error| {np.median(error):.1f} %, p90 {np.percentile(error, 90):.1f} %"
+    if {"predicted_low_us", "predicted_high_us"} <= set(rows.columns):
+        inside = rows.filter(pl.col("time_us").is_between(pl.col("predicted_low_us"), pl.col("predicted_high_us"))).height
+        title += f"\nmeasured inside the predicted interval: {100 * inside / rows.height:.0f} % of rows"
     fig = plots.predicted_measured_figure(rows, title)
     report.figures.append(
         ReportFigure(

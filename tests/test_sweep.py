@@ -4,6 +4,7 @@ SIGINT to the command), the Ray executor, and one-line config errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -81,7 +82,9 @@ def draft_step_us(scenario, batch: int) -> float:  # type: ignore[no-untyped-def
     """One qwen3-0.6b step for `batch` requests through the dense family, by hand."""
     draft = load_preset("qwen3-0.6b")
     kv = batch * 256 * draft.layers * draft.attention.kv_cache_bytes_per_token()
-    return float(scenario.model.profile.dense.time_us(draft.non_expert_bytes_per_token() + kv, 2.0 * batch * draft.non_expert_params_per_token()))
+    return float(
+        scenario.model.profile.dense.time_us(draft.non_expert_bytes_per_token() + kv, 2.0 * batch * draft.non_expert_params_per_token())
+    )
 
 
 def test_batch_one_points_match_plain_python_over_predicted_times(swept, same_trace: Path) -> None:  # type: ignore[no-untyped-def]
@@ -126,7 +129,9 @@ def test_batch_points_match_batch_analysis(swept, same_trace: Path) -> None:  # 
 def test_rows_hold_the_properties_of_the_closed_forms(swept) -> None:  # type: ignore[no-untyped-def]
     _, rows = swept
     points = rows.filter(pl.col("record") == "point")
-    assert (points["speedup_low"] <= points["speedup"] * (1 + 1e-12)).all() and (points["speedup"] <= points["speedup_high"] * (1 + 1e-12)).all()
+    assert (points["speedup_low"] <= points["speedup"] * (1 + 1e-12)).all() and (
+        points["speedup"] <= points["speedup_high"] * (1 + 1e-12)
+    ).all()
     k, a = points["draft_len"].to_numpy(), points["alpha"].to_numpy()
     np.testing.assert_allclose(points["tokens_per_pass"].to_numpy(), [sum(x**i for i in range(j + 1)) for j, x in zip(k, a, strict=True)])
     per_unit = points.filter(pl.col("best_draft")).group_by("batch", "engine", "drafter").agg(pl.col("alpha"), pl.col("draft_len"))
@@ -227,11 +232,14 @@ CONFIG_ERRORS = [
     ("[grid]\nmodels = ['deepseek-v2-lite']\ndrafters = ['fixed:-3']", "key 'grid.drafters'"),
     ("[sweep]\nexecutor = 'slurm'\n[grid]\nmodels = ['deepseek-v2-lite']", "key 'sweep.executor': unknown executor 'slurm'"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\n[[routing]]\nname = 'x'\ngenerator = 'nope'", "key 'routing[0].generator'"),
-    ("[grid]\nmodels = ['deepseek-v2-lite']\n[[routing]]\nname = 'x'\ngenerator = 'sticky'\nparams = {keep = 1}", "key 'routing[0].params'"),
+    (
+        "[grid]\nmodels = ['deepseek-v2-lite']\n[[routing]]\nname = 'x'\ngenerator = 'sticky'\nparams = {keep = 1}",
+        "key 'routing[0].params'",
+    ),
     ("[grid]\nmodels = ['deepseek-v2-lite']\n[[routing]]\nname = 'x'", "key 'routing[0].generator': give exactly one"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\n[[routing]]\nname = 'x'\ntrace = 'missing.arrow'", "key 'routing[0].trace': no such trace"),
     (
-        "[grid]\nmodels = ['deepseek-v2-lite']\n[[routing]]\nname = 'x'\ngenerator = 'uniform'\n[[routing]]\nname = 'x'\ngenerator = 'uniform'",
+        "[grid]\nmodels = ['deepseek-v2-lite']\n" + "[[routing]]\nname = 'x'\ngenerator = 'uniform'\n" * 2,
         "key 'routing[1].name': routing 'x' is named twice",
     ),
     ("[grid\nmodels = 1", "not valid TOML"),
@@ -243,6 +251,7 @@ def test_config_errors_name_the_key(cli, tmp_path: Path, text: str, fragment: st
     config = write_config(tmp_path, text)
     code, out, err = cli("sweep", config, "--out", tmp_path / "out.parquet")
     assert_one_line_error(code, err, str(config), fragment)
+    assert out == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.toml"]
 
 
@@ -253,9 +262,12 @@ def test_trace_routing_checks_model_and_length(cli, tmp_path: Path) -> None:  # 
     assert_one_line_error(*cli("sweep", config, "--out", tmp_path / "o.parquet")[::2], "key 'routing[0].trace'", "routes like none")
     grid = "[grid]\nmodels = ['olmoe-1b-7b']\nmax_pass = 8\nmax_draft = 4\nbatch = [1, 8]\n"
     config = write_config(tmp_path, grid + "[[routing]]\nname = 'rec'\ntrace = 'olmoe.arrow'\n")
-    assert_one_line_error(*cli("sweep", config, "--out", tmp_path / "o.parquet")[::2], "key 'routing[0].trace'", "at batch 8", "has 5 positions", "at least 8")
+    assert_one_line_error(
+        *cli("sweep", config, "--out", tmp_path / "o.parquet")[::2], "key 'routing[0].trace'", "at batch 8", "has 5 positions", "at least 8"
+    )
     ok = write_config(tmp_path, grid.replace("[1, 8]", "[1, 4]") + "[[routing]]\nname = 'rec'\ntrace = 'olmoe.arrow'\n")
     code, out, err = cli("sweep", ok, "--out", tmp_path / "o.parquet", "--json")
     assert code == 0, err
+    assert json.loads(out)["units"] == 2
     rows = pl.read_parquet(tmp_path / "o.parquet")
     assert set(rows["routing"]) == {"rec"} and set(rows["batch"]) == {1, 4} and set(rows["model"]) == {"olmoe-1b-7b"}

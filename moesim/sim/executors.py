@@ -26,6 +26,7 @@ class Executor(Protocol):
     """What every executor provides."""
 
     name: ClassVar[str]
+    shares_filesystem: ClassVar[bool]  # workers see the driver's files (they may write results themselves)
 
     def map_unordered(self, fn: Callable[[Unit], Result], units: list[Unit]) -> Iterator[tuple[int, Result]]:
         """Yield (index into `units`, fn(unit)) as each unit completes; closing the iterator
@@ -73,6 +74,7 @@ class LocalExecutor:
     """Processes on this machine (`workers`, 0 = one per core); one worker runs in this process."""
 
     name: ClassVar[str] = "local"
+    shares_filesystem: ClassVar[bool] = True
     workers: int = 0
     address: str = ""
 
@@ -102,6 +104,7 @@ class RayExecutor:
     need moesim installed (on a cluster: the same version, e.g. through a runtime_env)."""
 
     name: ClassVar[str] = "ray"
+    shares_filesystem: ClassVar[bool] = False
     workers: int = 0
     address: str = ""
 

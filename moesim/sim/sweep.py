@@ -345,9 +345,15 @@ def partial_dir(config: SweepConfig, out: Path) -> Path:
     return out.parent / f".{out.name}.{config.digest[:16]}.partial"
 
 
-def _write_unit(folder: Path, name: str, table: pa.Table) -> None:
-    with atomic_path(folder / name) as tmp:
+def _write_unit(path: Path, table: pa.Table) -> None:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def _compute_to_file(config: SweepConfig, task: tuple[WorkUnit, Path]) -> None:
+    """A worker that sees the driver's filesystem writes its unit file itself (no table through a pipe)."""
+    unit, path = task
+    _write_unit(path, compute_unit(config, unit))
 
 
 def _assemble(config: SweepConfig, out: Path, files: list[Path]) -> int:
@@ -389,9 +395,13 @@ def run_sweep(
     done = resumed
     if progress:
         progress(done, len(units))
-    work = functools.partial(compute_unit, config)
-    for j, table in runner.map_unordered(work, [units[i] for i in todo]):
-        _write_unit(folder, files[todo[j]].name, table)
+    if runner.shares_filesystem:
+        finished = runner.map_unordered(functools.partial(_compute_to_file, config), [(units[i], files[i]) for i in todo])
+    else:
+        finished = runner.map_unordered(functools.partial(compute_unit, config), [units[i] for i in todo])
+    for j, table in finished:
+        if table is not None:
+            _write_unit(files[todo[j]], table)
         done += 1
         if progress:
             progress(done, len(units))

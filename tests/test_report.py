@@ -150,11 +150,13 @@ def test_where_and_alpha_select_what_is_drawn(cli, inputs: tuple[Path, Path], tm
 
 def test_report_errors_are_one_line(cli, inputs: tuple[Path, Path], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "notes.txt").write_text("not parquet")
+    (tmp_path / "cut.parquet").write_bytes(inputs[0].read_bytes()[:5000])
     pl.DataFrame({"a": [1]}).write_parquet(tmp_path / "other.parquet")
     out = tmp_path / "r"
     cases = [
         ((tmp_path / "missing.parquet",), "no such results file"),
         ((tmp_path / "notes.txt",), "not a readable Parquet file"),
+        ((tmp_path / "cut.parquet",), "not a readable Parquet file"),
         ((tmp_path / "other.parquet",), "neither sweep results"),
         ((inputs[0], "--where", "colour=red"), "--where 'colour=red'"),
         ((inputs[0], "--where", "batch=five"), "'five' is not a"),

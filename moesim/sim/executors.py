@@ -9,6 +9,7 @@ ends the run with its one-line message whatever the executor.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator
@@ -108,12 +109,14 @@ class RayExecutor:
     workers: int = 0
     address: str = ""
 
+    def __post_init__(self) -> None:
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("executor 'ray' needs Ray: pip install 'moesim[ray]'")
+
     def map_unordered(self, fn: Callable[[Unit], Result], units: list[Unit]) -> Iterator[tuple[int, Result]]:
         """One task per unit (1 CPU each); results as they complete."""
-        try:
-            import ray
-        except ImportError:
-            raise ConfigError("executor 'ray' needs Ray: pip install 'moesim[ray]'") from None
+        import ray
+
         started = not ray.is_initialized()
         if started:
             options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
@@ -121,7 +124,12 @@ class RayExecutor:
                 options["address"] = self.address
             else:
                 options["num_cpus"] = self.workers or _cpus()
-            ray.init(**options)
+            try:
+                ray.init(**options)
+            except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
+                where = f"join the Ray cluster at '{self.address}'" if self.address else "start a local Ray instance"
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise ConfigError(f"executor 'ray': could not {where} ({reason})") from None
         pending: dict[Any, int] = {}
         try:
             task = ray.remote(num_cpus=1)(_call)

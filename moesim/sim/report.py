@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
@@ -65,7 +66,7 @@ def load_results(paths: list[Path]) -> tuple[pl.DataFrame | None, pl.DataFrame |
         try:
             meta = pq.read_schema(path).metadata or {}
             frame = pl.read_parquet(path)
-        except Exception as exc:  # pyarrow and polars raise several kinds for a file that is not Parquet
+        except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
             raise InputError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
         if meta.get(b"moesim.format", b"").decode() == SWEEP_FORMAT:
             sweeps.append(frame)

@@ -150,6 +150,71 @@ def trace_info(
     render_table(summary.per_layer_table(), title="Per MoE layer", caption="reuse = mean |S_t ∩ S_t+1| / k over consecutive positions")
 
 
+# ---- simulate: the SimPy engine (issue 7) ---------------------------------------------------
+
+
+class _ProgressBar:
+    """A transient rich progress bar on stderr, or nothing; `callback` takes the done fraction."""
+
+    def __init__(self, enabled: bool, description: str) -> None:
+        self.bar: Any = None
+        self.description = description
+        self.callback: Any = None
+        if enabled:
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+            columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
+            self.bar = Progress(*columns, console=err_console, transient=True)
+
+    def __enter__(self) -> Any:
+        if self.bar is not None:
+            self.bar.__enter__()
+            task = self.bar.add_task(self.description, total=1.0)
+            self.callback = lambda fraction: self.bar.update(task, completed=fraction)
+        return self.callback
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+@app.command()
+def simulate(
+    config: Annotated[Path, typer.Argument(help="Simulation config (TOML); reference in docs/simulator.md.")],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: the config's name + '-sim', here).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary (a study: its rows) as one JSON object.")] = False,
+) -> None:
+    """Simulate speculative decoding of a workload: per-request and per-iteration Arrow tables and a summary."""
+    from moesim.sim.simconfig import load_config
+    from moesim.sim.simout import check_out_dir, summary_rows
+    from moesim.sim.simulate import run_study, write_study
+    from moesim.sim.simulate import simulate as run_simulation
+
+    sim_config = load_config(config)
+    out_dir = out if out is not None else Path(f"{config.stem}-sim")
+    check_out_dir(out_dir)
+    with _ProgressBar(not as_json and err_console.is_terminal, f"simulating {config.name}") as progress:
+        if sim_config.study is not None:
+            table = run_study(sim_config, progress)
+            write_study(out_dir, table)
+        else:
+            result = run_simulation(sim_config, progress)
+            result.write(out_dir)
+    if sim_config.study is not None:
+        if as_json:
+            print_json({"rows": table.to_dicts(), "out": str(out_dir)})
+            return
+        caption = "speedup and worst slowdown are against the same workload with speculation off"
+        shown = ["model", "workload", "policy", "throughput_tok_s", "speedup", "worst_slowdown", "mean_draft_len"]
+        render_table(table.select(shown), title=f"Study {config.name}", caption=caption)
+    else:
+        if as_json:
+            print_json({**result.summary, "out": str(out_dir)})
+            return
+        render_table(summary_rows(result.summary), title=f"Simulation {config.name}: {result.summary['policy_label']}")
+    console.print(f"outputs written to {out_dir}/")
+
+
 # ---- moesim bytes: routing features and expert bytes per pass (issue 4) -------------------------
 
 
@@ -834,6 +899,12 @@ def sweep_command(
         f"wrote {summary.out}: {summary.rows:,} rows, {summary.points:,} (α, k) points from {summary.units} units "
         f"({summary.resumed} resumed) in {summary.elapsed_s:.1f} s ({summary.points_per_s:,.0f} points/s)"
     )
+    sim = summary.simulation
+    if sim.cells:
+        console.print(
+            f"SimPy cells: {sim.cells:,} policy runs, {sim.iterations:,} engine iterations simulated in {sim.seconds:.1f} s "
+            f"({summary.simulated_iterations_per_s:,.0f} iterations/s, {sim.cells / sim.seconds:.2f} cells/s)"
+        )
 
 
 @app.command("report")

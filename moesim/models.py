@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from moesim.errors import ConfigError, InputError
+from moesim.tomlfile import read_toml
 
 # Bytes per weight by format: (bytes per block, weights per block), the real GGUF/OCP block sizes.
 WEIGHT_FORMATS: dict[str, tuple[int, int]] = {
@@ -336,14 +337,11 @@ def load_preset(name_or_path: str | Path) -> ModelPreset:
         return preset_from_table(text, tables[text])
     path = Path(text)
     if path.suffix == ".toml" or path.suffix == ".json":
-        if not path.is_file():
-            raise InputError(f"{path}: no such preset file")
         if path.suffix == ".json":
+            if not path.is_file():
+                raise InputError(f"{path}: no such preset file")
             return preset_from_hf_config(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: not valid TOML ({exc})") from None
+        data = read_toml(path, "preset")
         if len(data) == 1 and isinstance(next(iter(data.values())), dict) and "layers" not in data:
             ((name, table),) = data.items()
         else:

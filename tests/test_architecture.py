@@ -12,13 +12,14 @@ PACKAGE = REPO / "moesim"
 # What each part may import from moesim (besides itself).
 ALLOWED = {
     "kernels": set(),
-    "models": {"errors"},
+    "models": {"errors", "tomlfile"},
+    "tomlfile": {"errors"},
     "errors": set(),
     "atomic": {"errors"},
-    "tracegen": {"kernels", "models", "errors", "atomic"},
-    "hw_profiles": {"kernels", "models", "errors", "atomic"},
-    "sim": {"kernels", "models", "errors", "atomic", "tracegen", "hw_profiles"},
-    "cli": {"kernels", "models", "errors", "atomic", "tracegen", "hw_profiles", "sim"},
+    "tracegen": {"tomlfile", "kernels", "models", "errors", "atomic"},
+    "hw_profiles": {"tomlfile", "kernels", "models", "errors", "atomic"},
+    "sim": {"tomlfile", "kernels", "models", "errors", "atomic", "tracegen", "hw_profiles"},
+    "cli": {"tomlfile", "kernels", "models", "errors", "atomic", "tracegen", "hw_profiles", "sim"},
     "__main__": {"cli"},
     "__init__": set(),
 }

@@ -215,7 +215,57 @@ def test_ray_executor_gives_the_same_bytes(tmp_path: Path) -> None:
     assert remote.out.read_bytes() == local.out.read_bytes()
 
 
+SIMULATED = """
+[sweep]
+workers = 1
+[grid]
+models = ["deepseek-v2-lite"]
+engines = ["best"]
+drafters = ["qwen3-0.6b"]
+alpha = [0.8]
+max_draft = 4
+max_pass = 6
+batch = [1, 4]
+context = [128]
+policies = [{ name = "static", k = 2 }, { name = "static", k = 4 }, { name = "cascade" }]
+[simulate]
+alpha = [0.8]
+requests = 8
+prompt_tokens = 0
+output_tokens = 256
+[[routing]]
+name = "sticky"
+generator = "sticky"
+params = { keep_prob = 0.3 }
+"""
+
+
+def test_simpy_cells_agree_with_the_closed_form_and_report_their_rate(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Static k with geometric acceptance, no prompt: the simulated speedup must match S(k, α) of the same sweep."""
+    code, out, err = cli("sweep", write_config(tmp_path, SIMULATED), "--out", tmp_path / "s.parquet", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    rows = pl.read_parquet(tmp_path / "s.parquet")
+    cells = rows.filter(pl.col("record") == "simulation")
+    assert cells.height == summary["simulation"]["cells"] == 6 and set(cells["policy"]) == {"static k=2", "static k=4", "cascade"}
+    assert summary["simulation"]["iterations"] > cells["iterations"].sum() > 0 and summary["simulated_iterations_per_s"] > 0
+    for batch in (1, 4):
+        for k in (2, 4):
+            simulated = cells.filter(pl.col("batch") == batch, pl.col("policy") == f"static k={k}")
+            closed = rows.filter(pl.col("record") == "point", pl.col("batch") == batch, pl.col("draft_len") == k)
+            assert simulated["speedup"][0] == pytest.approx(closed["speedup"][0], rel=0.03)
+            assert simulated["tokens_per_pass"][0] == pytest.approx(closed["tokens_per_pass"][0], rel=0.03)
+    code, out, _ = cli("sweep", tmp_path / "sweep.toml", "--out", tmp_path / "s.parquet")
+    assert "SimPy cells: 6 policy runs" in out.replace("\n", " ")
+
+
 CONFIG_ERRORS = [
+    ("[grid]\nmodels = ['deepseek-v2-lite']\npolicies = [{name = 'nope'}]", "key 'grid.policies[0].name': unknown"),
+    ("[grid]\nmodels = ['deepseek-v2-lite']\n[simulate]\nrequests = 4", "key 'simulate': SimPy settings without grid.policies"),
+    (
+        "[grid]\nmodels = ['deepseek-v2-lite']\npolicies = [{name = 'cascade'}]\n[simulate]\nalpha = [1.5]",
+        "key 'simulate.alpha': acceptance rates must lie in [0, 1], got 1.5",
+    ),
     ("[grids]\nmodels = ['x']", "key 'grids': unknown section"),
     ("[sweep]\nworkers = 1", "key 'grid' is required"),
     ("[grid]\nmodel = ['deepseek-v2-lite']", "key 'grid.model': unknown key"),

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from moesim.atomic import write_text_atomic
-from moesim.errors import ConfigError, InputError
+from moesim.errors import ConfigError
 from moesim.hw_profiles.families import RANGE_FIELDS, CalibratedRange, DenseFamily, ExpertFamily, ExpertStructure, Roofline
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
+from moesim.tomlfile import read_toml
 
 FORMAT = "moesim-hardware-profile"
 FORMAT_VERSION = 1
@@ -303,13 +304,7 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
 def read_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """Read and validate a profile TOML file."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such profile file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid TOML ({exc})") from None
-    return profile_from_dict(data, str(path))
+    return profile_from_dict(read_toml(path, "profile"), str(path))
 
 
 # ---- writing ---------------------------------------------------------------------------------

@@ -260,6 +260,16 @@ def best_draft_summary(sweep: pl.DataFrame, alphas: list[float] = ()) -> pl.Data
     return rows.group_by(["engine", "drafter", "batch"], maintain_order=True).agg(columns).sort("engine", "drafter", "batch")
 
 
+def simulation_summary(sweep: pl.DataFrame) -> pl.DataFrame:
+    """The SimPy cells of the focus model, profile and routing: one row per engine × drafter × batch × α × policy."""
+    cells = sweep.filter(pl.col("record") == "simulation")
+    if cells.is_empty():
+        return pl.DataFrame()
+    focus = cells.filter(*(pl.col(k) == _first(cells, k) for k in ("model", "profile", "routing")))
+    shown = ["engine", "drafter", "batch", "alpha", "policy", "speedup", "worst_slowdown", "mean_draft_len", "tokens_per_pass"]
+    return focus.select(shown).sort("engine", "drafter", "batch", "alpha", maintain_order=True)
+
+
 def _html_table(frame: pl.DataFrame, title: str) -> str:
     if frame.is_empty():
         return ""
@@ -310,6 +320,10 @@ def write_report(paths: list[Path], out_dir: Path, where: list[str] = (), alphas
             report.notes.append(
                 "no predictions given: no predicted-vs-measured plot (moesim validate --out DIR writes predictions.parquet)"
             )
-        table = _html_table(best_draft_summary(sweep, alphas), "Best draft length k* and its speedup") if sweep is not None else ""
+        table = ""
+        if sweep is not None:
+            table = _html_table(best_draft_summary(sweep, alphas), "Best draft length k* and its speedup") + _html_table(
+                simulation_summary(sweep), "Simulated policies (SimPy): speedup over speculation off"
+            )
         (staging / "index.html").write_text(_page(report, sources, table))
     return report

@@ -30,6 +30,7 @@ BEST = "best"
 # per-kernel launch time.
 DENSE_KERNELS_PER_LAYER = 8
 SIGNS = (-1.0, 1.0)
+TIME_TABLES_KEPT = 256  # (family, tokens) layer-time tables the simulator's fast path keeps
 
 
 def check_engine(profile: HardwareProfile, engine: str) -> str:
@@ -160,12 +161,37 @@ class StepTimeModel:
         return self.assemble(expert_us, extrapolation, features.n_tokens[..., 0], context_tokens)
 
     def pass_time_us(self, features: RoutingFeatures, context_tokens: float) -> float:
-        """The nominal time of one pass (features shaped (MoE layers,)): the simulator's per-iteration
-        call, without intervals, extrapolation factors or provenance."""
-        shape = self.preset.expert_shape(self.weight_format)
-        expert = min(float(self.profile.expert_family(name).time_us(features, shape).sum()) for name in self.families)
-        dense = float(self.dense_us(float(features.n_tokens.flat[0]), context_tokens))
-        return expert + dense + self.profile.pass_fixed_us
+        """The nominal time of one pass (features shaped (MoE layers,), integer counts as the union
+        counters give them): the simulator's per-iteration call, without intervals, extrapolation
+        factors or provenance. Layer times are looked up in tables of every (U, M) for the pass's
+        token count (`layer_time_table`), the same numbers `time_us` gives, without its per-call cost."""
+        n_tokens = int(features.n_tokens.flat[0])
+        distinct = features.distinct_experts.astype(np.intp)
+        most = features.max_tokens_per_expert.astype(np.intp)
+        expert = min(float(self.layer_time_table(name, n_tokens)[distinct, most].sum()) for name in self.families)
+        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        dense = self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * n_tokens, kernels)
+        return expert + float(dense) + self.profile.pass_fixed_us
+
+    def layer_time_table(self, family: str, n_tokens: int) -> np.ndarray:
+        """time_us of one MoE layer for every distinct-expert count U = 0..E and max tokens per
+        expert M = 0..n at a pass of n tokens: shape (E + 1, n + 1), computed once per (family, n)."""
+        key = (family, n_tokens)
+        table = self._time_tables.get(key)
+        if table is None:
+            p = self.preset
+            distinct = np.arange(p.experts + 1, dtype=np.float64)[:, None]
+            most = np.arange(n_tokens + 1, dtype=np.float64)[None, :]
+            features = RoutingFeatures(np.float64(n_tokens), np.float64(n_tokens * p.top_k), distinct, most)
+            table = self.profile.expert_family(family).time_us(features, p.expert_shape(self.weight_format))
+            if len(self._time_tables) >= TIME_TABLES_KEPT:
+                self._time_tables.clear()
+            self._time_tables[key] = table
+        return table
+
+    @cached_property
+    def _time_tables(self) -> dict[tuple[str, int], np.ndarray]:
+        return {}
 
     def expected_pass_cost(self, distributions: list[tuple[RoutingFeatures, np.ndarray]], context_tokens: float = 0.0) -> PassCost:
         """Expected pass times over windows, one per pass size: `distributions[i]` lists every

@@ -23,7 +23,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ from moesim.sim.executors import make_executor
 from moesim.sim.speculation import best_draft, speedup_table, tokens_per_pass
 from moesim.sim.steptime import BEST, PassCost, StepTimeModel
 from moesim.sim.sweepconfig import SWEEP_FORMAT, Routing, SweepConfig, points_per_unit
+from moesim.sim.sweepsim import SimulationTally, simulation_rows
 from moesim.tracegen.schema import TraceGeometry
 from moesim.tracegen.synth import make_generator, synthesize
 from moesim.tracegen.trace import Trace, read_trace
@@ -58,6 +59,7 @@ KEYS = {
     "engine": pa.string(),
     "family": pa.string(),
     "drafter": pa.string(),
+    "policy": pa.string(),
     "n": pa.int32(),
     "draft_len": pa.int32(),
     "alpha": pa.float64(),
@@ -85,7 +87,18 @@ POINT_COLUMNS = {
     "speedup_high": pa.float64(),
     "best_draft": pa.bool_(),
 }
-SCHEMA = pa.schema([pa.field(name, kind) for name, kind in {**KEYS, **PASS_COLUMNS, **POINT_COLUMNS}.items()])
+SIMULATION_COLUMNS = {  # besides speedup and tokens_per_pass (as in point rows, but simulated)
+    "throughput_tok_s": pa.float64(),
+    "tpot_speedup": pa.float64(),
+    "tpot_mean_us": pa.float64(),
+    "tpot_p99_us": pa.float64(),
+    "worst_slowdown": pa.float64(),
+    "mean_draft_len": pa.float64(),
+    "acceptance_rate": pa.float64(),
+    "iterations": pa.int64(),
+}
+SCHEMA = pa.schema([pa.field(name, kind) for name, kind in {**KEYS, **PASS_COLUMNS, **POINT_COLUMNS, **SIMULATION_COLUMNS}.items()])
+TALLY_KEY = b"moesim.simulation"
 POLARS_SCHEMA = pl.from_arrow(SCHEMA.empty_table()).schema  # type: ignore[union-attr]
 
 
@@ -309,7 +322,12 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
                     nominal, *corners = _corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
                     points = _point_rows(grid.alphas, nominal, corners, draft, cost)
                     frames.append(_conform(points, {**keys, "engine": engine, "drafter": spec}))
-    return pl.concat(frames).to_arrow().cast(SCHEMA)
+    tally = SimulationTally()
+    if grid.policies:
+        cells, tally = simulation_rows(config, unit.model, unit.batch, trace)
+        frames.append(_conform(cells, {"model": unit.model, "routing": routing.name, "batch": unit.batch}))
+    table = pl.concat(frames).to_arrow().cast(SCHEMA)
+    return table.replace_schema_metadata({TALLY_KEY: json.dumps(dataclasses.asdict(tally))})
 
 
 # ---- the driver ---------------------------------------------------------------------------------------
@@ -328,6 +346,7 @@ class SweepSummary:
     points: int
     elapsed_s: float
     digest: str
+    simulation: SimulationTally = field(default_factory=SimulationTally)
 
     @property
     def points_per_s(self) -> float:
@@ -335,9 +354,19 @@ class SweepSummary:
         computed = self.points * (self.units - self.resumed) / self.units if self.units else 0
         return computed / self.elapsed_s if self.elapsed_s > 0 else float("nan")
 
+    @property
+    def simulated_iterations_per_s(self) -> float:
+        """The SimPy cells' own rate: engine iterations simulated per second of their wall time (all units, resumed ones too)."""
+        return self.simulation.iterations / self.simulation.seconds if self.simulation.seconds > 0 else float("nan")
+
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
-        return {**dataclasses.asdict(self), "out": str(self.out), "points_per_s": self.points_per_s}
+        return {
+            **dataclasses.asdict(self),
+            "out": str(self.out),
+            "points_per_s": self.points_per_s,
+            "simulated_iterations_per_s": self.simulated_iterations_per_s,
+        }
 
 
 def partial_dir(config: SweepConfig, out: Path) -> Path:
@@ -356,17 +385,20 @@ def _compute_to_file(config: SweepConfig, task: tuple[WorkUnit, Path]) -> None:
     _write_unit(path, compute_unit(config, unit))
 
 
-def _assemble(config: SweepConfig, out: Path, files: list[Path]) -> int:
-    """Stream the unit files, in plan order, into the output (atomically); returns its rows."""
+def _assemble(config: SweepConfig, out: Path, files: list[Path]) -> tuple[int, SimulationTally]:
+    """Stream the unit files, in plan order, into the output (atomically); returns its rows and
+    the SimPy cells' tally summed over the units."""
     metadata = {"moesim.format": SWEEP_FORMAT, "moesim.config": json.dumps(config.identity, sort_keys=True, default=str)}
     schema = SCHEMA.with_metadata(metadata)
-    rows = 0
+    rows, tallies = 0, []
     with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
         for path in files:
             table = pq.read_table(path, schema=SCHEMA)
+            tallies.append(json.loads((pq.read_schema(path).metadata or {}).get(TALLY_KEY, b"{}")))
             writer.write_table(table.replace_schema_metadata(metadata))
             rows += table.num_rows
-    return rows
+    total = SimulationTally(*(sum(t.get(f.name, 0) for t in tallies) for f in dataclasses.fields(SimulationTally)))
+    return rows, total
 
 
 def run_sweep(
@@ -405,7 +437,7 @@ def run_sweep(
         done += 1
         if progress:
             progress(done, len(units))
-    rows = _assemble(config, out, files)
+    rows, tally = _assemble(config, out, files)
     elapsed = time.perf_counter() - start
     shutil.rmtree(folder)
-    return SweepSummary(out, len(units), resumed, rows, points_per_unit(config) * len(units), elapsed, config.digest)
+    return SweepSummary(out, len(units), resumed, rows, points_per_unit(config) * len(units), elapsed, config.digest, tally)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,7 +29,9 @@ from moesim.models import ModelPreset, load_preset
 from moesim.sim.drafters import make_drafter
 from moesim.sim.executors import EXECUTORS
 from moesim.sim.fields import FieldError, build, require
+from moesim.sim.simconfig import _resolve, policy_from_table
 from moesim.sim.steptime import check_engine
+from moesim.tomlfile import read_toml
 from moesim.tracegen.synth import make_generator
 
 SWEEP_FORMAT = "moesim.sweep/1"
@@ -75,6 +76,7 @@ class Grid:
     batch: tuple[int, ...] = (1,)
     context: tuple[int, ...] = (512,)
     weight_format: str = ""
+    policies: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("models", "profiles", "engines", "drafters", "batch", "context"):
@@ -110,6 +112,26 @@ class Grid:
     def max_tokens(self) -> int:
         """Largest tokens per sequence in any pass the sweep costs: max(max_pass, max_draft + 1)."""
         return max(self.max_pass, self.max_draft + 1)
+
+
+@dataclass(frozen=True)
+class SimulateSection:
+    """The SimPy cells (one per grid.policies entry): geometric acceptance at each `alpha`, a closed
+    loop of B requests (B from grid.batch), `requests` requests of `prompt_tokens` + `output_tokens`."""
+
+    alpha: tuple[float, ...] = (0.6, 0.8, 0.9)
+    requests: int = 16
+    prompt_tokens: int = 128
+    output_tokens: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _unique(self.alpha, "alpha")
+        bad = [a for a in self.alpha if not 0.0 <= a <= 1.0]
+        require(not bad, "alpha", f"acceptance rates must lie in [0, 1], got {bad[0] if bad else ''}")
+        require(self.requests >= 1, "requests", f"must be >= 1, got {self.requests}")
+        require(self.prompt_tokens >= 0, "prompt_tokens", f"must be >= 0, got {self.prompt_tokens}")
+        require(self.output_tokens >= 1, "output_tokens", f"must be >= 1, got {self.output_tokens}")
 
 
 @dataclass(frozen=True)
@@ -157,6 +179,7 @@ class SweepConfig:
     sweep: SweepSection
     grid: Grid
     routing: tuple[Routing, ...]
+    simulate: SimulateSection = SimulateSection()
 
     def key(self, name: str) -> str:
         """'FILE: key NAME' for error messages."""
@@ -175,6 +198,7 @@ class SweepConfig:
             "max_batches": self.sweep.max_batches,
             "grid": {**dataclasses.asdict(g), "alpha": g.alphas.tolist()},
             "routing": [dataclasses.asdict(r) for r in self.routing],
+            "simulate": dataclasses.asdict(self.simulate) if g.policies else None,
             "files": {str(p): _file_digest(p) for p in sorted(set(files), key=str)},
         }
 
@@ -234,18 +258,26 @@ def _check_routing(config: SweepConfig) -> None:
 
 def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConfig:
     """A sweep config from a parsed TOML document."""
-    unknown = sorted(set(data) - {"sweep", "grid", "routing"})
+    unknown = sorted(set(data) - {"sweep", "grid", "routing", "simulate"})
     if unknown:
-        raise ConfigError(f"{source}: key '{unknown[0]}': unknown section (known: sweep, grid, routing)")
+        raise ConfigError(f"{source}: key '{unknown[0]}': unknown section (known: sweep, grid, routing, simulate)")
     if "grid" not in data:
         raise ConfigError(f"{source}: key 'grid' is required (at least grid.models)")
     sweep = build(SweepSection, data.get("sweep", {}), "sweep", source, base_dir)
     grid = build(Grid, data["grid"], "grid", source, base_dir)
+    grid = dataclasses.replace(
+        grid, **{key: tuple(_resolve(v, base_dir) for v in getattr(grid, key)) for key in ("models", "profiles", "drafters")}
+    )
+    for i, table in enumerate(grid.policies):
+        policy_from_table(table, f"grid.policies[{i}]", source, base_dir)
+    if "simulate" in data and not grid.policies:
+        raise ConfigError(f"{source}: key 'simulate': SimPy settings without grid.policies (add policies to simulate)")
+    simulate = build(SimulateSection, data.get("simulate", {}), "simulate", source, base_dir)
     tables = data.get("routing", [{"name": "uniform", "generator": "uniform"}])
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{source}: key 'routing' must be a non-empty array of tables ([[routing]])")
     routing = tuple(build(Routing, t, f"routing[{i}]", source, base_dir) for i, t in enumerate(tables))
-    config = SweepConfig(source, sweep, grid, routing)
+    config = SweepConfig(source, sweep, grid, routing, simulate)
     _check_names(config)
     _check_routing(config)
     return config
@@ -254,13 +286,7 @@ def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConf
 def load_config(path: str | Path) -> SweepConfig:
     """Read and check a sweep config file."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such sweep config")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    return parse_config(data, str(path), path.parent)
+    return parse_config(read_toml(path, "sweep config"), str(path), path.parent)
 
 
 def points_per_unit(config: SweepConfig) -> int:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 from moesim.atomic import write_text_atomic
 from moesim.errors import InputError
 from moesim.kernels.locality import mean_distinct_experts, reuse
+from moesim.tomlfile import read_toml
 from moesim.tracegen.schema import TraceGeometry
 from moesim.tracegen.synth import GENERATORS, Mixture, RoutingGenerator, make_generator
 from moesim.tracegen.trace import Trace
@@ -401,12 +401,7 @@ def _interpolate(value: Any, n_layers: int) -> Any:
 def load_params(path: str | Path, geometry: TraceGeometry) -> RoutingGenerator:
     """A generator from a parameter file, its per-layer values mapped onto the geometry's MoE layers."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such parameter file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, "parameter")
     if data.get("format") != PARAMS_FORMAT:
         raise InputError(f"{path}: key 'format' is {data.get('format')!r}, expected {PARAMS_FORMAT!r}")
     if data.get("format_version") != PARAMS_FORMAT_VERSION:

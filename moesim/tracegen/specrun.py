@@ -48,6 +48,7 @@ import pyarrow.ipc as ipc
 from moesim.atomic import check_writable
 from moesim.errors import InputError
 from moesim.tracegen.schema import META_FORMAT_KEY, META_JSON_KEY, META_VERSION_KEY, TraceGeometry, check_geometry
+from moesim.tracegen.trace import open_ipc_file
 
 SPECRUN_FORMAT = "speculative-run"
 SPECRUN_FORMAT_VERSION = 1
@@ -288,15 +289,13 @@ REQUIRED_COLUMNS = (
 
 
 def _read_table(path: Path) -> tuple[SpecRunMeta, pa.Table]:
-    if not path.is_file():
-        raise InputError(f"{path}: no such speculative-run file")
+    reader = open_ipc_file(path, "speculative-run")
     try:
-        reader = ipc.open_file(pa.memory_map(str(path), "r"))
         table = reader.read_all()
         table.validate(full=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowException, OSError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-        raise InputError(f"{path}: not a readable Arrow IPC file ({first})") from None
+        raise InputError(f"{path}: unreadable Arrow data ({first})") from None
     metadata = reader.schema.metadata or {}
     fmt = metadata.get(META_FORMAT_KEY)
     if fmt != SPECRUN_FORMAT.encode():

@@ -220,12 +220,15 @@ def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
 # ---- reading and validation -----------------------------------------------------------------
 
 
-def _open(path: Path) -> ipc.RecordBatchFileReader:
+def open_ipc_file(path: Path, what: str = "trace") -> ipc.RecordBatchFileReader:
+    """Open an Arrow IPC file (memory-mapped) whose schema decodes; any failure is one InputError line."""
     if not path.is_file():
-        raise InputError(f"{path}: no such trace file")
+        raise InputError(f"{path}: no such {what} file")
     try:
-        return ipc.open_file(pa.memory_map(str(path), "r"))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        reader = ipc.open_file(pa.memory_map(str(path), "r"))
+        _ = reader.schema.names, reader.schema.metadata  # field names and metadata decode (a corrupt file may not)
+        return reader
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a readable Arrow IPC file ({_first_line(exc)})") from None
 
 
@@ -237,7 +240,7 @@ def _first_line(exc: BaseException) -> str:
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
     """Read only a trace's metadata (cheap: the footer and schema)."""
     path = Path(path)
-    return meta_from_schema(_open(path).schema, str(path))
+    return meta_from_schema(open_ipc_file(path).schema, str(path))
 
 
 @dataclass
@@ -348,7 +351,7 @@ def _validate_rows(rows: _Rows, meta: TraceMeta, prev: tuple[int, int] | None, s
 
 def _iter_position_runs(path: Path) -> Iterator[tuple[TraceMeta, _Rows]]:
     """Validated runs of whole positions, in file order (a position never spans two runs)."""
-    reader = _open(path)
+    reader = open_ipc_file(path)
     source = str(path)
     meta = meta_from_schema(reader.schema, source)
     n_layers, k = len(meta.geometry.moe_layers), meta.geometry.top_k

@@ -1,0 +1,227 @@
+"""Speed of the SimPy engine (a benchmark, not a test).
+
+1. Batch 1 on precomputed costs (a TablePassCost): simulated verification passes per second of
+   the SimPy engine, against a plain-Python loop of the same logic (same acceptance draws, same
+   cost lookups, same records) in the same run. Goal: >= 200,000 passes/s.
+2. Batch 32 with the routing union taken from the trace each iteration: engine iterations per
+   second when every verify pass asks a BatchCostModel for the union of the 32 requests' windows
+   on a synthetic trace, counted by the Numba batch-union counter, against the same union
+   counted with numpy in the same run (both must agree); and through the trace-driven step-time
+   model (`TraceBatchCost`: the counter plus the profile's time model). Goal: >= 5,000 iterations/s.
+
+    .venv/bin/python bench/bench_simulate.py [--passes N] [--iterations N]
+
+Times are CPU time of this process (`time.process_time`, best of --repeats runs), so other
+processes on a shared machine disturb them less. Prints one line per measurement; the last
+line is `passes_per_s: X` (the engine, case 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from moesim.hw_profiles import load_profile
+from moesim.kernels.unions import union_features, union_scratch
+from moesim.models import load_preset
+from moesim.sim.acceptance import Geometric
+from moesim.sim.costs import TablePassCost
+from moesim.sim.drafters import make_drafter
+from moesim.sim.engine import Engine
+from moesim.sim.policies import Cascade, Policy, Static
+from moesim.sim.steptime import StepTimeModel
+from moesim.sim.tracecost import TraceBatchCost
+from moesim.sim.workload import Arrivals, TraceWindows, Workload
+from moesim.tracegen.synth import Sticky, synthesize
+from moesim.tracegen.trace import Trace
+
+QWEN3 = load_preset("qwen3-30b-a3b")
+TABLE = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draft_step_us=30.0)
+ALPHA = 0.7
+
+
+def engine_batch1(policy: Policy, passes: int) -> tuple[float, float, int]:
+    """(wall seconds of the run, simulated end time, passes) for one request of ~`passes` passes."""
+    tokens = int(passes * 2.5) if policy.k_cap else passes
+    engine = Engine(
+        cost=TABLE,
+        policy=policy,
+        acceptance=Geometric(alpha=ALPHA),
+        workload=Workload(prompt_tokens=0, output_tokens=tokens),
+        arrivals=Arrivals(),
+        max_batch=1,
+        requests=1,
+        duration_us=0.0,
+        seed=0,
+    )
+    start = time.process_time()
+    record = engine.run()
+    wall = time.process_time() - start
+    return wall, record.end_us, record.step_request.size
+
+
+def plain_loop_batch1(k_static: int, tokens: int) -> tuple[float, float, int]:
+    """The same logic without SimPy: a static-k request decoded pass by pass, records appended."""
+    draws = Geometric(alpha=ALPHA).bind(0, tokens, k_static, 0)
+    verify = [0.0] + [TABLE.pass_us(n) for n in range(1, k_static + 2)]
+    draft = [TABLE.draft_step_us * k for k in range(k_static + 1)]
+    start = time.process_time()
+    now = 0.0
+    remaining, decoded, passes = tokens - 1, 0, 0
+    rec_start, rec_draft, rec_verify, rec_k, rec_acc = [], [], [], [], []
+    while remaining:
+        k = k_static if k_static < remaining else remaining - 1
+        rec_start.append(now)
+        now += draft[k] + verify[k + 1]
+        rec_draft.append(draft[k])
+        rec_verify.append(verify[k + 1])
+        accepted = draws.draw(decoded)
+        if accepted > k:
+            accepted = k
+        decoded += accepted + 1
+        remaining -= accepted + 1
+        rec_k.append(k)
+        rec_acc.append(accepted)
+        passes += 1
+    return time.process_time() - start, now, passes
+
+
+class ConstantCost:
+    """A cost model asked through the protocol (numpy arrays per pass) that does no work: what the
+    engine itself costs per iteration, the budget left for the routing counter."""
+
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+        """A fixed pass time."""
+        return 3000.0
+
+    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+        """Free drafting."""
+        return 0.0
+
+    def prefill_us(self, prompt_tokens: int) -> float:
+        """Free prefill."""
+        return 0.0
+
+
+class UnionCost:
+    """A trace-driven cost model for the benchmark: per verify pass, the distinct experts of the
+    union of the batch's windows in each MoE layer, turned into time as fixed + per-distinct-expert
+    time (illustrative numbers). `counter` is 'numba' (moesim.kernels.unions.union_features, the
+    batch-union counter) or 'numpy' (gather the ids, key them by layer, bincount)."""
+
+    def __init__(self, trace: Trace, counter: str, fixed_us: float = 2000.0, expert_us: float = 4.0) -> None:
+        self.experts = trace.experts
+        self.seq_starts = trace.seq_starts
+        self.n_layers = trace.experts.shape[1]
+        self.n_experts = trace.meta.geometry.experts
+        self.counter = counter
+        self.scratch = union_scratch(self.n_layers, self.n_experts)
+        self.layer_offset = (np.arange(self.n_layers) * self.n_experts).astype(np.uint16)[None, :, None]
+        self.fixed_us = fixed_us
+        self.expert_us = expert_us
+        self.distinct_sum = 0
+
+    def distinct(self, first_rows: np.ndarray, n_tokens: np.ndarray) -> int:
+        """Σ over layers of the union's distinct experts."""
+        if self.counter == "numba":
+            u, _ = union_features(self.experts, first_rows, n_tokens, self.n_experts, self.scratch)
+            return int(u.sum())
+        offsets = np.cumsum(n_tokens) - n_tokens
+        rows = np.repeat(first_rows - offsets, n_tokens) + np.arange(int(n_tokens.sum()))
+        keys = self.experts[rows].astype(np.uint16) + self.layer_offset
+        return int(np.count_nonzero(np.bincount(keys.ravel(), minlength=self.n_layers * self.n_experts)))
+
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+        """Fixed time + time per distinct expert of the union, summed over layers."""
+        distinct = self.distinct(self.seq_starts[seqs] + starts, n_tokens)
+        self.distinct_sum += distinct
+        return self.fixed_us + self.expert_us * distinct
+
+    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+        """An n-gram drafter: free."""
+        return 0.0
+
+    def prefill_us(self, prompt_tokens: int) -> float:
+        """Prefill: 10 µs per prompt token."""
+        return 10.0 * prompt_tokens
+
+
+def engine_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[float, int]:
+    """(wall seconds, iterations) of a full batch of 32 on the numpy-union cost, static k = 3,
+    for `duration_us` of simulated time (requests never finish, so the batch stays full)."""
+    windows = TraceWindows.from_trace(trace, offset_stride=0, window_max=4, source="bench")
+    engine = Engine(
+        cost=cost,
+        policy=Static(k=3),
+        acceptance=Geometric(alpha=ALPHA),
+        workload=Workload(prompt_tokens=0, output_tokens=10**9),
+        arrivals=Arrivals(concurrency=32),
+        max_batch=32,
+        requests=0,
+        duration_us=duration_us,
+        seed=0,
+        windows=windows,
+    )
+    start = time.process_time()
+    record = engine.run()
+    return time.process_time() - start, record.prefill_us.size
+
+
+def best_of(repeats: int, measure: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The fastest of `repeats` runs (other processes only ever slow a run down)."""
+    return min((measure() for _ in range(repeats)), key=lambda result: result[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", type=int, default=300_000)
+    parser.add_argument("--iterations", type=int, default=3_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    repeats = args.repeats
+
+    engine_batch1(Static(k=3), 2000)  # warm-up (imports, first allocations)
+    wall_loop, end_loop, passes_loop = best_of(repeats, lambda: plain_loop_batch1(3, int(args.passes * 2.5)))
+    wall, end_us, passes = best_of(repeats, lambda: engine_batch1(Static(k=3), args.passes))
+    assert passes == passes_loop and abs(end_us - end_loop) <= 1e-6 * end_loop, "engine and plain loop disagree"
+    print(f"plain-python loop, batch 1, static k=3: {passes_loop / wall_loop:,.0f} passes/s ({passes_loop} passes)")
+    print(f"simpy engine,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
+    wall_c, _, passes_c = best_of(repeats, lambda: engine_batch1(Cascade(), args.passes))
+    print(f"simpy engine,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
+    trace = synthesize(QWEN3, Sticky(keep_prob=0.3), 4096, 32, 0)
+    wall_e, iters_e = best_of(repeats, lambda: engine_batch32(trace, 3000.0 * args.iterations, ConstantCost()))
+    print(f"simpy engine,      batch 32, static k=3, protocol cost doing no work: {iters_e / wall_e:,.0f} iterations/s")
+    numba_cost, numpy_cost = UnionCost(trace, "numba"), UnionCost(trace, "numpy")
+    check = [engine_batch32(trace, 1e6, cost)[1] for cost in (numba_cost, numpy_cost)]  # also the JIT warm-up
+    assert check[0] == check[1] and numba_cost.distinct_sum == numpy_cost.distinct_sum > 0, "numba and numpy unions disagree"
+    _, pilot_iters = engine_batch32(trace, 1e6, numba_cost)
+    duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
+    wall32, iters32 = best_of(repeats, lambda: engine_batch32(trace, duration_us, numba_cost))
+    wall_np, iters_np = best_of(repeats, lambda: engine_batch32(trace, duration_us, numpy_cost))
+    shape = "32 windows of 4 tokens, 48 MoE layers, top-8 of 128, synthetic Qwen3-30B-A3B-shaped trace"
+    print(f"simpy engine,      batch 32, static k=3, union from the trace by numpy ({shape}): {iters_np / wall_np:,.0f} iterations/s")
+    print(
+        f"simpy engine,      batch 32, static k=3, union from the trace by the batch-union counter: {iters32 / wall32:,.0f} "
+        f"iterations/s, {wall_np / wall32:.1f}x the numpy union's rate"
+    )
+    step_rates = {}
+    for engine in ("dedup", "best"):
+        step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), engine), trace, make_drafter("ngram", QWEN3))
+        _, pilot_iters = engine_batch32(trace, 1e6, step_cost)
+        duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
+        wall_st, iters_st = best_of(repeats, lambda cost=step_cost, d=duration_us: engine_batch32(trace, d, cost))
+        print(
+            f"simpy engine,      batch 32, static k=3, the trace-driven step-time model (TraceBatchCost: union counter + "
+            f"nvidia-h200 profile, engine {engine}): {iters_st / wall_st:,.0f} iterations/s"
+        )
+        step_rates[engine] = iters_st / wall_st
+    print(f"iterations_per_s_batch32: {step_rates['dedup']:.0f}")
+    print(f"passes_per_s: {passes / wall:.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Reading TOML files (presets, profiles, generator parameters, configs) with one-line errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from moesim.errors import InputError
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The parsed file; a missing, unreadable or malformed file is one InputError line naming it."""
+    if not path.is_file():
+        raise InputError(f"{path}: no such {what} file")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise InputError(f"{path}: not valid TOML ({reason})") from None

@@ -321,3 +321,14 @@ def test_trace_routing_checks_model_and_length(cli, tmp_path: Path) -> None:  # 
     assert json.loads(out)["units"] == 2
     rows = pl.read_parquet(tmp_path / "o.parquet")
     assert set(rows["routing"]) == {"rec"} and set(rows["batch"]) == {1, 4} and set(rows["model"]) == {"olmoe-1b-7b"}
+
+
+def test_files_in_the_grid_are_relative_to_the_config(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "h200.toml").write_bytes((REPO / "moesim" / "hw_profiles" / "profiles" / "nvidia-h200.toml").read_bytes())
+    text = "[grid]\nmodels = ['deepseek-v2-lite']\nprofiles = ['h200.toml']\nmax_draft = 2\nmax_pass = 3\nalpha = [0.5]\n"
+    code, out, err = cli("sweep", write_config(folder, text), "--out", tmp_path / "o.parquet", "--json")  # run from the repository
+    assert code == 0, err
+    assert set(pl.read_parquet(tmp_path / "o.parquet")["profile"]) == {str(folder / "h200.toml")}
+    assert json.loads(out)["units"] == 1

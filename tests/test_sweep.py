@@ -19,8 +19,8 @@ from conftest import REPO, assert_one_line_error
 
 from moesim.models import load_preset
 from moesim.sim.analysis import batch_analysis, load_scenario, predict
-from moesim.sim.sweep import partial_dir, run_sweep
-from moesim.sim.sweepconfig import load_config
+from moesim.sim.sweep import partial_dir, plan_units, run_sweep
+from moesim.sim.sweepconfig import load_config, points_per_unit
 from moesim.tracegen.synth import Sticky, synthesize
 from moesim.tracegen.trace import write_trace
 
@@ -332,3 +332,11 @@ def test_files_in_the_grid_are_relative_to_the_config(cli, tmp_path: Path) -> No
     assert code == 0, err
     assert set(pl.read_parquet(tmp_path / "o.parquet")["profile"]) == {str(folder / "h200.toml")}
     assert json.loads(out)["units"] == 1
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples" / "sweeps").glob("*.toml")), ids=lambda p: p.stem)
+def test_example_sweeps_load_and_plan(path: Path) -> None:
+    config = load_config(path)
+    units = plan_units(config)
+    assert len(units) == len(config.grid.models) * len(config.routing) * len(config.grid.batch)
+    assert points_per_unit(config) * len(units) >= 10_000

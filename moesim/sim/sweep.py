@@ -43,7 +43,7 @@ from moesim.sim.drafters import make_drafter
 from moesim.sim.executors import make_executor
 from moesim.sim.speculation import best_draft, speedup_table, tokens_per_pass
 from moesim.sim.steptime import BEST, PassCost, StepTimeModel
-from moesim.sim.sweepconfig import SWEEP_FORMAT, Routing, SweepConfig, points_per_unit
+from moesim.sim.sweepconfig import MODEL_PLACEHOLDER, SWEEP_FORMAT, Routing, SweepConfig, points_per_unit
 from moesim.sim.sweepsim import SimulationTally, simulation_rows
 from moesim.tracegen.schema import TraceGeometry
 from moesim.tracegen.synth import make_generator, synthesize
@@ -110,13 +110,10 @@ class WorkUnit:
     routing: int  # index into the config's routing list
     batch: int
 
-    def label(self, config: SweepConfig) -> str:
-        """'model / routing / B=b'."""
-        return f"{self.model} / {config.routing[self.routing].name} / B={self.batch}"
-
-    def file_name(self, index: int) -> str:
-        """The unit's file in the partial-results folder."""
-        return f"unit-{index:05d}-{self.model.replace('/', '_')}-r{self.routing}-b{self.batch}.parquet"
+    @staticmethod
+    def file_name(index: int) -> str:
+        """The file of the plan's unit `index` in the partial-results folder (the folder names the config)."""
+        return f"unit-{index:05d}.parquet"
 
 
 # ---- planning (in the driver: every check before anything runs) -----------------------------------
@@ -154,7 +151,7 @@ def plan_units(config: SweepConfig) -> list[WorkUnit]:
                 except MoesimError as exc:
                     raise ConfigError(f"{config.key(f'routing[{i}].trace')}: {exc}") from None
                 if not routes_like(trace.meta.geometry, preset):
-                    if "{model}" in str(routing.trace):
+                    if MODEL_PLACEHOLDER in str(routing.trace):
                         raise ConfigError(f"{config.key(f'routing[{i}].trace')}: {path} does not route like model '{model}'")
                     continue
                 _check_trace(config, i, trace, config.grid.batch)
@@ -235,27 +232,27 @@ def _pass_rows(
     """One row per engine (every kernel family and `best`) and n = 1..size: T(n) with its interval,
     u(n), and for dedup families r(n) against per_slot and whether dedup wins at n."""
     n = np.arange(1, size + 1)
-    per_slot = costs["per_slot"].expert_us[:size]
+    heads = {engine: _head(cost, size) for engine, cost in costs.items()}
+    per_slot, share, distinct = heads["per_slot"].expert_us, share[:size], distinct[:size]
     frames = []
-    for engine, cost in costs.items():
+    for engine, cost in heads.items():
         columns: dict[str, object] = {
             "engine": engine,
-            "family": cost.family[:size],
+            "family": cost.family,
             "n": n,
-            "time_us": cost.total_us()[:size],
-            "low_us": cost.low_us[:size],
-            "high_us": cost.high_us[:size],
-            "expert_us": cost.expert_us[:size],
-            "dense_us": cost.dense_us[:size],
+            "time_us": cost.total_us(),
+            "low_us": cost.low_us,
+            "high_us": cost.high_us,
+            "expert_us": cost.expert_us,
+            "dense_us": cost.dense_us,
             "fixed_us": np.full(size, cost.fixed_us),
-            "distinct_experts": distinct[:size],
-            "byte_share": share[:size],
-            "extrapolation": cost.extrapolation[:size],
+            "distinct_experts": distinct,
+            "byte_share": share,
+            "extrapolation": cost.extrapolation,
         }
         if engine in profile_dedup:
-            dedup = cost.expert_us[:size]
-            columns["bandwidth_ratio"] = bandwidth_ratio(per_slot, dedup, share[:size])
-            columns["dedup_wins"] = np.isin(n, win_window(n, per_slot, dedup).dedup_wins)
+            columns["bandwidth_ratio"] = bandwidth_ratio(per_slot, cost.expert_us, share)
+            columns["dedup_wins"] = np.isin(n, win_window(n, per_slot, cost.expert_us).dedup_wins)
         frames.append(pl.DataFrame(columns))
     return pl.concat(frames, how="diagonal_relaxed").with_columns(record=pl.lit("pass"))
 
@@ -420,7 +417,7 @@ def run_sweep(
     if fresh and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(exist_ok=True)
-    files = [folder / u.file_name(i) for i, u in enumerate(units)]
+    files = [folder / WorkUnit.file_name(i) for i in range(len(units))]
     todo = [i for i, path in enumerate(files) if not path.is_file()]
     resumed = len(units) - len(todo)
     start = time.perf_counter()

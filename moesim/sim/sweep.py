@@ -321,7 +321,7 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
                     frames.append(_conform(points, {**keys, "engine": engine, "drafter": spec}))
     tally = SimulationTally()
     if grid.policies:
-        cells, tally = simulation_rows(config, unit.model, unit.batch, trace)
+        cells, tally = simulation_rows(config, unit.model, unit.batch, trace, weight_format)
         frames.append(_conform(cells, {"model": unit.model, "routing": routing.name, "batch": unit.batch}))
     table = pl.concat(frames).to_arrow().cast(SCHEMA)
     return table.replace_schema_metadata({TALLY_KEY: json.dumps(dataclasses.asdict(tally))})

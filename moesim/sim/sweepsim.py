@@ -45,22 +45,34 @@ def drafter_table(spec: str) -> dict[str, Any]:
     return {"kind": "preset", "model": spec}
 
 
-def cell_config(
-    config: SweepConfig, model: str, profile: str, engine: str, drafter: str, alpha: float, batch: int, policy: dict
-) -> SimConfig:
+@dataclass(frozen=True)
+class Cell:
+    """The axes of one SimPy cell (its policy aside)."""
+
+    model: str
+    profile: str
+    engine: str
+    drafter: str
+    alpha: float
+    batch: int
+    weight_format: str
+
+
+def cell_config(config: SweepConfig, cell: Cell, policy: dict) -> SimConfig:
     """The simulation config of one cell (its trace section only names the routing: the unit's trace is passed as is)."""
     sim = config.simulate
+    target = {"model": cell.model, "profile": cell.profile, "engine": cell.engine, "weight_format": cell.weight_format}
     return config_from_dict(
         {
             "run": {"seed": sim.seed, "requests": sim.requests},
             "workload": {"prompt_tokens": sim.prompt_tokens, "output_tokens": sim.output_tokens},
-            "arrivals": {"kind": "closed", "concurrency": batch},
-            "batching": {"max_batch": batch},
+            "arrivals": {"kind": "closed", "concurrency": cell.batch},
+            "batching": {"max_batch": cell.batch},
             "trace": {"synth": "uniform"},
             "cost": {"kind": "steptime"},
-            "target": {"model": model, "profile": profile, "engine": engine, "weight_format": config.grid.weight_format},
-            "drafter": drafter_table(drafter),
-            "acceptance": {"model": "geometric", "alpha": alpha},
+            "target": target,
+            "drafter": drafter_table(cell.drafter),
+            "acceptance": {"model": "geometric", "alpha": cell.alpha},
             "policy": policy,
         },
         f"{config.source}: simulation cell",
@@ -68,20 +80,21 @@ def cell_config(
     )
 
 
-def simulation_rows(config: SweepConfig, model: str, batch: int, trace: Trace) -> tuple[pl.DataFrame, SimulationTally]:
-    """One row per profile × engine × drafter × α × policy of the unit."""
+def simulation_rows(config: SweepConfig, model: str, batch: int, trace: Trace, weight_format: str) -> tuple[pl.DataFrame, SimulationTally]:
+    """One row per profile × engine × drafter × α × policy of the unit (weights in `weight_format`, as its analytic rows)."""
     grid, sim = config.grid, config.simulate
     rows, iterations, start = [], 0, time.perf_counter()
     for profile in grid.profiles:
         for engine in grid.engines:
             for drafter in grid.drafters:
                 for alpha in sim.alpha:
-                    base = cell_config(config, model, profile, engine, drafter, alpha, batch, {"name": "off"})
+                    axes = Cell(model, profile, engine, drafter, alpha, batch, weight_format)
+                    base = cell_config(config, axes, {"name": "off"})
                     cost = build_cost(base, trace)
                     off = run_engine(base, cost, trace, Off(), base.acceptance)
                     iterations += off.prefill_us.size
                     for table in grid.policies:
-                        cell = cell_config(config, model, profile, engine, drafter, alpha, batch, table)
+                        cell = cell_config(config, axes, table)
                         record = off if cell.policy.name == "off" else run_engine(cell, cost, trace, cell.policy, cell.acceptance)
                         iterations += 0 if record is off else record.prefill_us.size
                         stats = summary(record, off, {})

@@ -874,18 +874,20 @@ def sweep_command(
     sweep_config = load_config(config)
     target = out if out is not None else config.with_suffix(".parquet")
     bar, update = _progress(f"sweeping {config.name}", "units")
-    state = {"done": 0, "total": 0}
+    state = {"total": 0}
 
     def on_unit(done: int, total: int) -> None:
-        state.update(done=done, total=total)
+        state["total"] = total
         update(done, total, done)
 
     try:
         with bar if err_console.is_terminal and not as_json else contextlib.nullcontext():
             summary = run_sweep(sweep_config, target, executor, workers, fresh, on_unit)
     except KeyboardInterrupt:
+        folder = partial_dir(sweep_config, target)
+        kept = len(list(folder.glob("unit-*.parquet")))
         err_console.print(
-            f"moesim: interrupted: {state['done']} of {state['total']} units kept in {partial_dir(sweep_config, target)}; "
+            f"moesim: interrupted: {kept} of {state['total']} units kept in {folder}; "
             "run the same command again to resume",
             markup=False,
             highlight=False,

@@ -184,21 +184,22 @@ def test_interrupted_sweep_resumes_to_the_same_bytes(tmp_path: Path) -> None:
 
 
 def test_sigint_to_the_command_keeps_finished_units(tmp_path: Path) -> None:
-    """A real interruption of `moesim sweep` with two worker processes, then the same command again."""
+    """A real Ctrl-C (SIGINT to the process group) of `moesim sweep` with two worker processes, then the same command again."""
     text = BASE.replace("workers = 1", "workers = 2").replace("batch = [1, 3]", "batch = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]")
     config_path = write_config(tmp_path, text)
     out = tmp_path / "out.parquet"
     folder = partial_dir(load_config(config_path), out)
     command = [sys.executable, "-m", "moesim", "sweep", str(config_path), "--out", str(out)]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while not (folder.is_dir() and list(folder.glob("unit-*.parquet"))) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C on a terminal: the driver and its workers
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
-    assert "units kept in" in err and "run the same command again to resume" in err and "Traceback" not in err
     kept = len(list(folder.glob("unit-*.parquet")))
+    assert f"interrupted: {kept} of 12 units kept in" in err and "run the same command again to resume" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert 1 <= kept < 12 and not out.exists()
     done = subprocess.run([*command, "--json"], cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -65,6 +66,11 @@ def _unwrap(result: Result) -> Result:
     return result
 
 
+def _ignore_interrupts() -> None:
+    """Worker processes leave Ctrl-C to the driver, which cancels the units not started."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -80,13 +86,14 @@ class LocalExecutor:
     address: str = ""
 
     def map_unordered(self, fn: Callable[[Unit], Result], units: list[Unit]) -> Iterator[tuple[int, Result]]:
-        """Spawned worker processes (no fork: Numba and polars threads do not survive it)."""
+        """Spawned worker processes (no fork: Numba and polars threads do not survive it) that ignore
+        Ctrl-C; on an interruption the units running finish, the others are cancelled."""
         workers = min(self.workers or _cpus(), len(units))
         if workers <= 1:
             for i, unit in enumerate(units):
                 yield i, fn(unit)
             return
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_interrupts)
         try:
             pending = {pool.submit(_call, fn, unit): i for i, unit in enumerate(units)}
             while pending:

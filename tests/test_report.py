@@ -143,6 +143,8 @@ def test_where_and_alpha_select_what_is_drawn(cli, inputs: tuple[Path, Path], tm
     report = write_report([inputs[0]], tmp_path / "r", ["batch=2"])
     assert {f.key for f in report.figures} == FIGURES - {"speedup_batch", "predicted_vs_measured"}
     assert any("one batch size" in n for n in report.notes) and any("no predictions" in n for n in report.notes)
+    only = write_report([inputs[1]], tmp_path / "p")
+    assert [f.key for f in only.figures] == ["predicted_vs_measured"] and "Best draft" not in (tmp_path / "p" / "index.html").read_text()
     code, out, err = cli("report", inputs[0], "--out", tmp_path / "s", "--alpha", "0.5", "--alpha", "0.95")
     assert code == 0, err
     assert "k*_α=0.5" in (tmp_path / "s" / "index.html").read_text() and "5 figures" in out

@@ -86,7 +86,7 @@ def demo(
     result = run_demo(out)
     for section in result.sections:
         render_table(section.table, section.title, section.caption)
-    console.print(f"report written to {result.out_dir}/")
+    console.print(f"report written to {result.out_dir}/ (HTML report: {result.html_report})")
 
 
 @trace_app.command("synth")
@@ -899,6 +899,80 @@ def microbench_import_backend_ops(
     _report_table(path, result.rows, result.provenance)
     for type_name, count in result.provenance["skipped_types"].items():
         err_console.print(f"note: {count} cases of type {type_name} skipped (no byte size known for it)", markup=False)
+
+
+# ---- sweeps and reports (issue 8) ----------------------------------------------------------------
+
+
+@app.command("sweep")
+def sweep_command(
+    config: Annotated[Path, typer.Argument(help="Sweep config (TOML); reference in docs/sweeps.md.")],
+    out: Annotated[Path | None, typer.Option(help="Parquet file to write (default: the config's name + .parquet, beside it).")] = None,
+    executor: Annotated[str | None, typer.Option(help="local or ray (default: the config's [sweep] executor).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Worker processes / Ray CPUs, 0 = all cores (default: the config's).")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Discard this config's partial results instead of resuming.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Sweep models × profiles × engines × drafters × routing × batch × n × k × α into one Parquet file (resumable)."""
+    import contextlib
+
+    from moesim.sim.sweep import partial_dir, run_sweep
+    from moesim.sim.sweepconfig import load_config
+
+    sweep_config = load_config(config)
+    target = out if out is not None else config.with_suffix(".parquet")
+    bar, update = _progress(f"sweeping {config.name}", "units")
+    state = {"total": 0}
+
+    def on_unit(done: int, total: int) -> None:
+        state["total"] = total
+        update(done, total, done)
+
+    try:
+        with bar if err_console.is_terminal and not as_json else contextlib.nullcontext():
+            summary = run_sweep(sweep_config, target, executor, workers, fresh, on_unit)
+    except KeyboardInterrupt:
+        folder = partial_dir(sweep_config, target)
+        kept = len(list(folder.glob("unit-*.parquet")))
+        err_console.print(
+            f"moesim: interrupted: {kept} of {state['total']} units kept in {folder}; "
+            "run the same command again to resume",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
+    if as_json:
+        print_json(summary.to_dict())
+        return
+    console.print(
+        f"wrote {summary.out}: {summary.rows:,} rows, {summary.points:,} (α, k) points from {summary.units} units "
+        f"({summary.resumed} resumed) in {summary.elapsed_s:.1f} s ({summary.points_per_s:,.0f} points/s)"
+    )
+    sim = summary.simulation
+    if sim.cells:
+        console.print(
+            f"SimPy cells: {sim.cells:,} policy runs, {sim.iterations:,} engine iterations simulated in {sim.seconds:.1f} s "
+            f"({summary.simulated_iterations_per_s:,.0f} iterations/s, {sim.cells / sim.seconds:.2f} cells/s)"
+        )
+
+
+@app.command("report")
+def report_command(
+    results: Annotated[list[Path], typer.Argument(help="Sweep results (Parquet) and/or predictions.parquet from `moesim validate`.")],
+    out: Annotated[Path, typer.Option(help="Report folder to write (index.html, PNG and SVG plots).")],
+    where: Annotated[
+        list[str] | None, typer.Option("--where", help="Select sweep rows COLUMN=VALUE (repeatable), e.g. model=qwen3-30b-a3b.")
+    ] = None,
+    alpha: Annotated[list[float] | None, typer.Option("--alpha", help="Acceptance rates of the batch plot (repeatable).")] = None,
+) -> None:
+    """Plots (PNG and SVG) and a self-contained HTML page from sweep results and validation predictions."""
+    from moesim.sim.report import write_report
+
+    report = write_report(results, out, where or [], alpha or [])
+    for line in report.notes:
+        err_console.print(f"moesim: note: {line}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"report written to {report.out_dir}/index.html ({len(report.figures)} figures)")
 
 
 # ---- entry point ------------------------------------------------------------------------------

@@ -74,3 +74,7 @@ def test_demo_writes_report(cli, tmp_path: Path) -> None:  # type: ignore[no-unt
     assert code == 0, err
     assert (out_dir / "bytes.csv").is_file() and (out_dir / "trace.arrow").is_file()
     assert "Expert bytes per pass" in out
+    # the demo ends with a sweep and its HTML report, images embedded
+    page = (out_dir / "report" / "index.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 5 and (out_dir / "sweep.parquet").is_file()
+    assert f"HTML report: {out_dir / 'report' / 'index.html'}" in out.replace("\n", "")

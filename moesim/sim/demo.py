@@ -6,6 +6,7 @@ to the report folder as CSV. Nothing here reaches outside the package.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import polars as pl
 from moesim.atomic import atomic_dir
 from moesim.models import load_preset
 from moesim.sim.passbytes import pass_bytes_table, tokens_per_expert_table
+from moesim.sim.report import write_report
 from moesim.tracegen.synth import Sticky, synthesize
 from moesim.tracegen.trace import Trace, write_trace
 
@@ -49,6 +51,7 @@ class DemoResult:
 
     out_dir: Path
     sections: list[DemoSection] = field(default_factory=list)
+    html_report: Path | None = None
 
 
 def _bytes_section(trace: Trace, max_pass: int) -> DemoSection:
@@ -232,6 +235,52 @@ def _best_draft_section(trace: Trace, config: DemoConfig) -> DemoSection:
     )
 
 
+DEMO_SWEEP = """# The demo's sweep (issue 8): rerun with `moesim sweep sweep.toml`, plot with `moesim report sweep.parquet --out report`.
+# Passes of up to 16 tokens per sequence, as the other sections (Numba compiles one counter for them all).
+[sweep]
+workers = 1
+
+[grid]
+models = ["{model}"]
+profiles = ["nvidia-h200"]
+engines = ["per_slot", "best"]
+drafters = ["{drafter}"]
+alpha = {{ start = 0.0, stop = 1.0, num = 201 }}
+max_draft = 15
+max_pass = 16
+batch = [1, 4, 16, 64]
+context = [512]
+weight_format = "{weight_format}"
+
+[[routing]]
+name = "sticky-{keep_prob}"
+generator = "sticky"
+params = {{ keep_prob = {keep_prob} }}
+tokens = {tokens}
+seqs = {seqs}
+seed = {seed}
+"""
+
+
+def _sweep_section(config: DemoConfig, folder: Path) -> DemoSection:
+    """A sweep beyond the measured grid (issue 8) on the demo's model and routing: sweep.toml and sweep.parquet in `folder`."""
+    from moesim.sim.report import best_draft_summary
+    from moesim.sim.sweep import run_sweep
+    from moesim.sim.sweepconfig import load_config
+
+    path = folder / "sweep.toml"
+    path.write_text(DEMO_SWEEP.format(**dataclasses.asdict(config)))
+    summary = run_sweep(load_config(path), folder / "sweep.parquet")
+    return DemoSection(
+        key="sweep",
+        title=f"Sweep: {summary.points:,} (α, k) points of {config.model} on the calibrated H200 profile, batch 1-64, "
+        f"drafter {config.drafter}",
+        caption=f"{summary.units} units in {summary.elapsed_s:.1f} s; best draft length k* and speedup at three α per engine and batch "
+        "size B (B sequences verified together); all rows in sweep.parquet, plots in report/index.html",
+        table=best_draft_summary(pl.read_parquet(summary.out)),
+    )
+
+
 def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
     """Build the demo's inputs on the fly, compute every section, write the report folder."""
     preset = load_preset(config.model)
@@ -245,6 +294,9 @@ def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
     result.sections.append(_speculation_section(config))
     with atomic_dir(out_dir) as staging:
         write_trace(staging / "trace.arrow", trace)
+        result.sections.append(_sweep_section(config, staging))
         for section in result.sections:
             section.table.write_csv(staging / f"{section.key}.csv")
+        write_report([staging / "sweep.parquet"], staging / "report")
+    result.html_report = out_dir / "report" / "index.html"
     return result

@@ -218,6 +218,10 @@ class ModelPreset:
     def non_expert_params_per_token(self) -> int:
         """Parameters a decode step reads besides routed experts: every layer's non-expert weights,
         the LM head, the final norm and one embedding row."""
+        return self._non_expert_params
+
+    @cached_property
+    def _non_expert_params(self) -> int:
         layers = sum(self.non_expert_params_per_layer(i) for i in range(self.layers))
         return layers + self.vocab * self.hidden + 2 * self.hidden
 

@@ -180,12 +180,12 @@ def predict(scenario: Scenario, max_pass: int = 16) -> Prediction:
 # ---- best draft ------------------------------------------------------------------------------------
 
 
-def _draft_costs_us(scenario: Scenario, max_draft: int, batch: int = 1) -> np.ndarray:
+def draft_costs_us(scenario: Scenario, max_draft: int, batch: int = 1) -> np.ndarray:
     """T_draft(k) for k = 0..max_draft."""
     return np.array([draft_us(scenario.drafter, np.full(batch, k), scenario.context_len, scenario.dense_us) for k in range(max_draft + 1)])
 
 
-def _corner_costs(cost: PassCost, draft_us_by_k: np.ndarray, drafter_uses_dense: bool, dense_epsilon: float) -> list[np.ndarray]:
+def corner_costs(cost: PassCost, draft_us_by_k: np.ndarray, drafter_uses_dense: bool, dense_epsilon: float) -> list[np.ndarray]:
     """C(k) at the nominal point and each corner of the error box."""
     out = [relative_cost(draft_us_by_k, cost.total_us())]
     for expert_sign, dense_sign in CORNERS:
@@ -263,9 +263,9 @@ def best_draft_analysis(scenario: Scenario, alphas: list[float] | np.ndarray, ma
     alpha = check_acceptance(np.asarray(alphas, np.float64))
     check_draft_lengths(max_draft, "max draft length")
     cost = expected_costs(scenario, max_draft + 1)
-    draft = _draft_costs_us(scenario, max_draft)
+    draft = draft_costs_us(scenario, max_draft)
     uses_dense = scenario.drafter.provenance == "profile"
-    nominal, *corners = _corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
+    nominal, *corners = corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
     k_star, s_star = best_draft(alpha, nominal)
     at_corners = [speedup_table(alpha, c)[np.arange(alpha.size), k_star] for c in corners]
     k_corners = np.stack([best_draft(alpha, c)[0] for c in corners])

@@ -38,7 +38,7 @@ def _type_name(annotation: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
     if origin is tuple:
-        return f"a list of {_type_name(typing.get_args(annotation)[0])}s"
+        return f"a list of which each item is {_type_name(typing.get_args(annotation)[0])}"
     return names.get(origin or annotation, str(annotation))
 
 

@@ -197,27 +197,25 @@ class SimConfig:
 SECTIONS = ("run", "workload", "arrivals", "batching", "trace", "cost", "target", "drafter", "acceptance", "policy", "study")
 
 
-def _registry_entry(registry: dict[str, type], selector: str, table: Any, section: str, source: str, base_dir: Path) -> Any:
+def _registry_entry(registry: dict[str, type], noun: str, selector: str, table: Any, section: str, source: str, base_dir: Path) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: key '{section}' must be a table")
     if selector not in table:
         raise ConfigError(f"{source}: key '{section}.{selector}' is required (known: {', '.join(registry)})")
     name = table[selector]
     if name not in registry:
-        raise ConfigError(
-            f"{source}: key '{section}.{selector}': unknown {section.split('.')[-1].rstrip('s')} '{name}' (known: {', '.join(registry)})"
-        )
+        raise ConfigError(f"{source}: key '{section}.{selector}': unknown {noun} '{name}' (known: {', '.join(registry)})")
     return build(registry[name], table, section, source, base_dir, skip=(selector,))
 
 
 def acceptance_from_table(table: Any, section: str, source: str, base_dir: Path) -> AcceptanceModel:
     """An acceptance model from its table (`model` selects it)."""
-    return _registry_entry(ACCEPTANCE_MODELS, "model", table, section, source, base_dir)
+    return _registry_entry(ACCEPTANCE_MODELS, "acceptance model", "model", table, section, source, base_dir)
 
 
 def policy_from_table(table: Any, section: str, source: str, base_dir: Path) -> Policy:
     """A policy from its table (`name` selects it)."""
-    return _registry_entry(POLICIES, "name", table, section, source, base_dir)
+    return _registry_entry(POLICIES, "policy", "name", table, section, source, base_dir)
 
 
 def _check_cap(acceptance: AcceptanceModel, policy: Policy, section: str, source: str) -> None:
@@ -227,7 +225,7 @@ def _check_cap(acceptance: AcceptanceModel, policy: Policy, section: str, source
         raise ConfigError(f"{source}: key '{section}.{exc.field}': {exc.detail}") from None
 
 
-def _resolve(value: str | None, base_dir: Path) -> str | None:
+def resolve_path(value: str | None, base_dir: Path) -> str | None:
     """A preset or profile given as a file is relative to the config; names stay names."""
     if value is None or not value.endswith((".toml", ".json")):
         return value
@@ -299,7 +297,7 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
 
     cost = section(CostSection, "cost")
     target = section(TargetSection, "target")
-    target = dataclasses.replace(target, model=_resolve(target.model, base_dir), profile=_resolve(target.profile, base_dir))
+    target = dataclasses.replace(target, model=resolve_path(target.model, base_dir), profile=resolve_path(target.profile, base_dir))
     trace = section(TraceSection, "trace") if "trace" in data else None
     if trace is not None and trace.synth is not None:
         if target.model is None:

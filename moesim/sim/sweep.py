@@ -37,7 +37,7 @@ from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.unions import batch_lanes, batch_windows, union_features_many
 from moesim.kernels.windows import summarize_windows
 from moesim.models import ModelPreset
-from moesim.sim.analysis import Scenario, _corner_costs, _draft_costs_us
+from moesim.sim.analysis import Scenario, corner_costs, draft_costs_us
 from moesim.sim.crossover import bandwidth_ratio, byte_share, win_window
 from moesim.sim.drafters import make_drafter
 from moesim.sim.executors import make_executor
@@ -312,11 +312,11 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
             frames.append(_conform(_pass_rows(costs, profile.dedup_families, share, distinct, grid.max_pass), keys))
             for spec in grid.drafters:
                 scenario = Scenario(models[BEST], trace, make_drafter(spec, preset), context)
-                draft = _draft_costs_us(scenario, grid.max_draft, unit.batch)  # the drafter runs on the dense family: any engine
+                draft = draft_costs_us(scenario, grid.max_draft, unit.batch)  # the drafter runs on the dense family: any engine
                 uses_dense = scenario.drafter.provenance == "profile"
                 for engine in grid.engines:
                     cost = _head(costs[engine], k_count)
-                    nominal, *corners = _corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
+                    nominal, *corners = corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
                     points = _point_rows(grid.alphas, nominal, corners, draft, cost)
                     frames.append(_conform(points, {**keys, "engine": engine, "drafter": spec}))
     tally = SimulationTally()

@@ -29,7 +29,7 @@ from moesim.models import ModelPreset, load_preset
 from moesim.sim.drafters import make_drafter
 from moesim.sim.executors import EXECUTORS
 from moesim.sim.fields import FieldError, build, require
-from moesim.sim.simconfig import _resolve, policy_from_table
+from moesim.sim.simconfig import policy_from_table, resolve_path
 from moesim.sim.steptime import check_engine
 from moesim.tomlfile import read_toml
 from moesim.tracegen.synth import make_generator
@@ -266,7 +266,7 @@ def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConf
     sweep = build(SweepSection, data.get("sweep", {}), "sweep", source, base_dir)
     grid = build(Grid, data["grid"], "grid", source, base_dir)
     grid = dataclasses.replace(
-        grid, **{key: tuple(_resolve(v, base_dir) for v in getattr(grid, key)) for key in ("models", "profiles", "drafters")}
+        grid, **{key: tuple(resolve_path(v, base_dir) for v in getattr(grid, key)) for key in ("models", "profiles", "drafters")}
     )
     for i, table in enumerate(grid.policies):
         policy_from_table(table, f"grid.policies[{i}]", source, base_dir)

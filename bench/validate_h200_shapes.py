@@ -5,8 +5,10 @@ procedure as the shipped profile), then predict the held-out shape's rows with `
 (the same code path), per family. Writes into --out `summary.csv` (per fold and family: rows,
 median and p90 absolute error, mean signed error, Pearson r, share inside the bound; per dedup
 family: savings inside the bound, crossovers within one pass size, equal win sets),
-`pooled.csv` (per family over all held-out rows) and `summary.json` (everything `validate --json`
-says per fold); the folds' tables, profiles and predictions go to a temporary folder.
+`pooled.csv` (per family over all held-out rows), `summary.json` (everything `validate --json`
+says per fold) and `predictions.parquet` (every row predicted by the fold that held its shape
+out: the input of `moesim report`'s predicted-vs-measured plot); the folds' tables and profiles
+go to a temporary folder.
 
     .venv/bin/python bench/validate_h200_shapes.py --out data/validation/h200-shapes
 
@@ -48,7 +50,9 @@ def main() -> int:
         rows, folds, predictions = folds_of(table, Path(folder))
     frame = pl.DataFrame(rows)
     frame.write_csv(out / "summary.csv")
-    pooled = pl.DataFrame([{"family": family, **errors} for family, errors in errors_by(pl.concat(predictions), "kernel").items()])
+    held_out = pl.concat(predictions)
+    held_out.write_parquet(out / "predictions.parquet")
+    pooled = pl.DataFrame([{"family": family, **errors} for family, errors in errors_by(held_out, "kernel").items()])
     pooled.write_csv(out / "pooled.csv")
     (out / "summary.json").write_text(json.dumps(folds, indent=1, sort_keys=True) + "\n")
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, float_precision=2):

@@ -181,6 +181,22 @@ def test_dense_twins_of_the_real_cpu_table() -> None:
     assert dense.heldout_error.leave_one_routing_out is not None and dense.heldout_error.epsilon < 0.5
 
 
+def test_unresolvable_dense_twins_leave_the_dense_family_assumed(tmp_path: Path) -> None:
+    # twins whose 2L model timed no slower than its L model (noise on a tiny or busy machine): the
+    # expert families are still fitted, the dense family stays assumed, and the profile says why
+    import shutil
+
+    from moesim.hw_profiles.calibrate import fit_profile
+
+    shutil.copy(DATA / "cpu" / "provenance.json", tmp_path / "provenance.json")
+    table = pl.read_parquet(DATA / "cpu" / "measurements.parquet")
+    table.with_columns(pl.col("reps_us_dense_L").alias("reps_us_dense_2L")).write_parquet(tmp_path / "measurements.parquet")
+    profile = fit_profile(tmp_path / "measurements.parquet", "cpu", backend="cpu").profile
+    assert profile.provenance_of("families.dense.bandwidth_gbps").kind == "assumed"
+    assert any(note.startswith("dense twins not used") for note in profile.notes)
+    assert profile.expert_families
+
+
 def test_pipeline_end_to_end_on_a_tiny_shape(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
     config = CpuValidationConfig(
         draft_lens=(1, 3), repetitions=2, max_tokens=10, shape=MoeShape("tiny", 64, 32, 8, 2, "F32"), heads=4, kv_heads=2, vocab=300,

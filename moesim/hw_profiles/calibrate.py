@@ -267,15 +267,19 @@ def fit_profile(
         field_sources.pop("families.dense.bandwidth_gbps", None)
         field_sources.pop("families.dense.launch_us", None)
     elif has_dense_twins(frame):
-        twins = fit_dense_twins(frame, table, sources["table"])
-        dense, pass_fixed_us = twins.dense, twins.pass_fixed_us
-        for key in ("families.dense", "pass"):
-            section_sources[key] = "table"
-        for key in ("bandwidth_gbps", "launch_us", "tflops"):
-            field_sources.pop(f"families.dense.{key}", None)
-        for key in ("assumed-dense", "assumed-pass"):
-            sources.pop(key, None)
-        notes.append("dense family and fixed time per pass fitted to the table's dense twins (moesim.hw_profiles.microbench.dense_twins)")
+        try:
+            twins = fit_dense_twins(frame, table, sources["table"])
+        except InputError as exc:  # tiny or noisy twins: the layer time does not resolve bytes
+            notes.append(f"dense twins not used ({exc}): dense family and fixed time per pass stay assumed")
+        else:
+            dense, pass_fixed_us = twins.dense, twins.pass_fixed_us
+            for key in ("families.dense", "pass"):
+                section_sources[key] = "table"
+            for key in ("bandwidth_gbps", "launch_us", "tflops"):
+                field_sources.pop(f"families.dense.{key}", None)
+            for key in ("assumed-dense", "assumed-pass"):
+                sources.pop(key, None)
+            notes.append("dense family and fixed time per pass fitted to the dense twins (moesim.hw_profiles.microbench.dense_twins)")
     profile = HardwareProfile(
         name=name,
         description=f"{device.name}: fitted from {table.name} ({frame.height} rows) by `moesim profile fit`",

@@ -935,8 +935,7 @@ def sweep_command(
         folder = partial_dir(sweep_config, target)
         kept = len(list(folder.glob("unit-*.parquet")))
         err_console.print(
-            f"moesim: interrupted: {kept} of {state['total']} units kept in {folder}; "
-            "run the same command again to resume",
+            f"moesim: interrupted: {kept} of {state['total']} units kept in {folder}; run the same command again to resume",
             markup=False,
             highlight=False,
             soft_wrap=True,

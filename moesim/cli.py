@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import polars as pl
 import typer
 from rich.console import Console
@@ -978,21 +977,27 @@ def report_command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 2 bad input or usage)."""
+    """Run the CLI; returns the exit code (0 ok, 2 bad input or usage, 130 interrupted)."""
     try:
         code = app(args=argv, prog_name="moesim", standalone_mode=False)  # a command's typer.Exit(n) returns n here
     except MoesimError as exc:
-        err_console.print(f"moesim: error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        return 2
-    except click.exceptions.ClickException as exc:
-        exc.show()
+        return _error_line(str(exc))
+    except typer.TyperException as exc:  # usage errors: a missing or malformed option, an unknown command
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a group called without a command: its help, already shown
+            return 0
+        return _error_line(f"{exc.format_message()} (see 'moesim --help')")  # type: ignore[attr-defined]
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         err_console.print("moesim: interrupted")
         return 130
     return code if isinstance(code, int) else 0
+
+
+def _error_line(message: str) -> int:
+    """Bad input or usage: one line on stderr, exit code 2."""
+    err_console.print(f"moesim: error: {' '.join(message.split())}", markup=False, highlight=False, soft_wrap=True)
+    return 2
 
 
 def entry() -> None:

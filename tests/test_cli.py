@@ -78,3 +78,25 @@ def test_demo_writes_report(cli, tmp_path: Path) -> None:  # type: ignore[no-unt
     page = (out_dir / "report" / "index.html").read_text()
     assert page.count('src="data:image/png;base64,') == 5 and (out_dir / "sweep.parquet").is_file()
     assert f"HTML report: {out_dir / 'report' / 'index.html'}" in out.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("predict", "--profile", "nvidia-h200"), "Missing option '--trace'"),
+        (("best-draft", "--trace", "t.arrow", "--profile", "nvidia-h200", "--alpha", "abc"), "Invalid value for '--alpha'"),
+        (("no-such-command",), "No such command 'no-such-command'"),
+        (("trace", "info", "t.arrow", "--bogus"), "No such option: --bogus"),
+    ],
+)
+def test_usage_errors_are_one_line(cli, args: tuple[str, ...], fragment: str) -> None:  # type: ignore[no-untyped-def]
+    assert_one_line_error(*cli(*args)[::2], fragment)
+
+
+def test_usage_error_through_the_console_script() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "moesim", "predict", "--profile", "nvidia-h200"], capture_output=True, text=True)
+    assert_one_line_error(proc.returncode, proc.stderr, "Missing option '--trace'")
+    assert proc.stdout == ""

@@ -530,6 +530,7 @@ def _progress(label: str, unit: str) -> tuple[Any, Any]:
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,  # nothing at all on a pipe or a log file
     )
     task = progress.add_task(label, total=None, count=0)
 
@@ -928,7 +929,7 @@ def sweep_command(
         update(done, total, done)
 
     try:
-        with bar if err_console.is_terminal and not as_json else contextlib.nullcontext():
+        with bar if not as_json else contextlib.nullcontext():
             summary = run_sweep(sweep_config, target, executor, workers, fresh, on_unit)
     except KeyboardInterrupt:
         folder = partial_dir(sweep_config, target)

@@ -268,6 +268,14 @@ def _warn(warnings: list[str]) -> None:
         err_console.print(f"moesim: warning: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _emit_json(result: Any, as_json: bool) -> bool:
+    """A result's warnings on stderr; with --json its JSON on stdout (True: nothing left to render)."""
+    _warn(result.warnings)
+    if as_json:
+        print_json(result.to_dict())
+    return as_json
+
+
 def _provenance_line(share: dict[str, float]) -> str:
     return ", ".join(f"{100 * v:.0f} % {k}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
 
@@ -287,9 +295,7 @@ def predict_command(
     from moesim.sim.analysis import predict
 
     result = predict(_scenario(trace, profile, engine, model, "ngram", weight_format, context), max_pass)
-    _warn(result.warnings)
-    if as_json:
-        print_json(result.to_dict())
+    if _emit_json(result, as_json):
         return
     render_table(
         result.table(),
@@ -316,9 +322,7 @@ def best_draft_command(
     from moesim.sim.analysis import best_draft_analysis
 
     result = best_draft_analysis(_scenario(trace, profile, engine, model, drafter, weight_format, context), alpha, max_draft)
-    _warn(result.warnings)
-    if as_json:
-        print_json(result.to_dict())
+    if _emit_json(result, as_json):
         return
     render_table(
         result.table(),
@@ -343,9 +347,7 @@ def crossover_command(
     from moesim.sim.analysis import crossover_analysis
 
     result = crossover_analysis(_scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0), dedup_family, max_pass)
-    _warn(result.warnings)
-    if as_json:
-        print_json(result.to_dict())
+    if _emit_json(result, as_json):
         return
     render_table(
         result.table(),
@@ -385,9 +387,7 @@ def batch_command(
         raise InputError(f"--batch must be comma-separated integers, got '{batch}'") from None
     scenario = _scenario(trace, profile, engine, model, drafter, weight_format, context)
     result = batch_analysis(scenario, alpha, draft, sizes, moesd_slots, routing)
-    _warn(result.warnings)
-    if as_json:
-        print_json(result.to_dict())
+    if _emit_json(result, as_json):
         return
     render_table(
         result.table(),
@@ -737,9 +737,7 @@ def validate_command(
     options = ValidateOptions(profile, trace, model, engine, context, tuple(filters or ()))
     result = validate(measured, options)
     path = result.write(out) if out is not None else None
-    _warn(result.warnings)
-    if as_json:
-        print_json(result.to_dict())
+    if _emit_json(result, as_json):
         return
     summary = result.to_dict()
     console.print(

@@ -38,8 +38,8 @@ from moesim.kernels.reference import window_features_reference
 from moesim.kernels.unions import union_features, union_scratch
 from moesim.kernels.windows import iter_window_features, summarize_windows, window_features
 from moesim.models import load_preset
-from moesim.tracegen.schema import TraceGeometry
-from moesim.tracegen.synth import Sticky
+from moesim.tracegen.formats.schema import TraceGeometry
+from moesim.tracegen.routing.synth import Sticky
 
 GENERATOR_SEQS = 5  # sequences generated at a time (the generator works in int64)
 UNION_BATCH = 32

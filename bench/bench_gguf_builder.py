@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moesim.tracegen.gguf_builder import TinyModelSpec, build_tiny_model, expert_weight_bytes, model_bytes
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_tiny_model, expert_weight_bytes, model_bytes
 
 SPEC = TinyModelSpec(layers=4, experts=32, top_k=4, hidden=1024, expert_ff=1408, heads=8, kv_heads=4, vocab=512, weight_type="F16")
 

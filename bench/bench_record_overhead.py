@@ -12,9 +12,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from moesim.tracegen.gguf_builder import TinyModelSpec, build_tiny_model, model_bytes
-from moesim.tracegen.prompts import prompts_from_texts
-from moesim.tracegen.recorder import RecordConfig, record_trace
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_tiny_model, model_bytes
+from moesim.tracegen.llamacpp.prompts import prompts_from_texts
+from moesim.tracegen.llamacpp.recorder import RecordConfig, record_trace
 
 MODELS = {
     "test model": TinyModelSpec(),

@@ -28,16 +28,17 @@ import numpy as np
 from moesim.hw_profiles import load_profile
 from moesim.kernels.unions import union_features, union_scratch
 from moesim.models import load_preset
-from moesim.sim.acceptance import Geometric
-from moesim.sim.costs import TablePassCost
-from moesim.sim.drafters import make_drafter
-from moesim.sim.engine import Engine
-from moesim.sim.policies import Cascade, Policy, Static
-from moesim.sim.steptime import StepTimeModel
-from moesim.sim.tracecost import TraceBatchCost
-from moesim.sim.workload import Arrivals, TraceWindows, Workload
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import Trace
+from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.pass_table import TablePassCost
+from moesim.sim.cost.steptime import StepTimeModel
+from moesim.sim.cost.trace_batch import TraceBatchCost
+from moesim.sim.serving.acceptance import Geometric
+from moesim.sim.serving.cascade import Cascade
+from moesim.sim.serving.policies import Policy, Static
+from moesim.sim.serving.server import Server
+from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
+from moesim.tracegen.formats.trace import Trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 QWEN3 = load_preset("qwen3-30b-a3b")
 TABLE = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draft_step_us=30.0)
@@ -47,7 +48,7 @@ ALPHA = 0.7
 def engine_batch1(policy: Policy, passes: int) -> tuple[float, float, int]:
     """(wall seconds of the run, simulated end time, passes) for one request of ~`passes` passes."""
     tokens = int(passes * 2.5) if policy.k_cap else passes
-    engine = Engine(
+    engine = Server(
         cost=TABLE,
         policy=policy,
         acceptance=Geometric(alpha=ALPHA),
@@ -154,7 +155,7 @@ def engine_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[floa
     """(wall seconds, iterations) of a full batch of 32 on the numpy-union cost, static k = 3,
     for `duration_us` of simulated time (requests never finish, so the batch stays full)."""
     windows = TraceWindows.from_trace(trace, offset_stride=0, window_max=4, source="bench")
-    engine = Engine(
+    engine = Server(
         cost=cost,
         policy=Static(k=3),
         acceptance=Geometric(alpha=ALPHA),

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from moesim.models import load_preset
-from moesim.sim.analysis import load_scenario, predict
-from moesim.sim.speculation import TIE_RTOL, best_draft, relative_cost, speedup_table
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import write_trace
+from moesim.sim.analysis.predict import predict
+from moesim.sim.analysis.scenario import load_scenario
+from moesim.sim.analysis.speculation import TIE_RTOL, best_draft, relative_cost, speedup_table
+from moesim.tracegen.formats.trace import write_trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 MAX_DRAFT = 32
 ALPHAS = 31_250  # x 33 draft lengths = 1,031,250 points

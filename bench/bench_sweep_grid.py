@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from moesim.sim.speculation import TIE_RTOL, best_draft, speedup_table
-from moesim.sim.sweep import run_sweep
-from moesim.sim.sweepconfig import load_config
+from moesim.sim.analysis.speculation import TIE_RTOL, best_draft, speedup_table
+from moesim.sim.sweep.config import load_config
+from moesim.sim.sweep.run import run_sweep
 
 CONFIG = """
 [grid]

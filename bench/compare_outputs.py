@@ -174,6 +174,7 @@ def record(out_dir: Path) -> dict[str, object]:
     draft_len = option(r, ("batch",), "--draft-len", "--draft")
     context = option(r, ("predict",), "--context-tokens", "--context")
     where = option(r, ("report",), "--filter", "--where")
+    expert_width = option(r, ("trace", "tiny-model"), "--expert-intermediate", "--expert-ff")
 
     r.run("demo", "demo", "--out", "demo", timings="text", files=("demo",))
 
@@ -228,7 +229,7 @@ def record(out_dir: Path) -> dict[str, object]:
     r.run("trace fit", "trace", "fit", trace, "--out", "params.toml", "--max-positions", 512, files=("params.toml",))
     r.run("trace synth params", "trace", "synth", "--model", "qwen3-30b-a3b", "--params", "params.toml", "--tokens", 64,
           "--out", "p.arrow", files=("p.arrow",))  # fmt: skip
-    r.run("trace tiny-model", "trace", "tiny-model", "--out", "tiny.gguf", "--hidden", 64, "--expert-ff", 32, files=("tiny.gguf",))
+    r.run("trace tiny-model", "trace", "tiny-model", "--out", "tiny.gguf", "--hidden", 64, expert_width, 32, files=("tiny.gguf",))
     r.run("trace tiny-model draft", "trace", "tiny-model", "--out", "draft.gguf", "--draft-of", "tiny.gguf", "--noise", 0.05,
           files=("draft.gguf",))  # fmt: skip
     r.run("trace record", "trace", "record", "tiny.gguf", "--prompts", "prompts.txt", "--max-tokens", 8, "--threads", 1,

@@ -29,10 +29,10 @@ from typing import Any
 
 import polars as pl
 
-from moesim.hw_profiles.calibrate import fit_profile
+from moesim.hw_profiles.fitting.calibrate import fit_profile
 from moesim.hw_profiles.schema import write_profile
-from moesim.sim.validate import ValidateOptions, validate
-from moesim.sim.validate_metrics import errors_by
+from moesim.sim.validate.metrics import errors_by
+from moesim.sim.validate.result import ValidateOptions, validate
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "data" / "h200" / "calibration.parquet"

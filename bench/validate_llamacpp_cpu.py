@@ -20,7 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from moesim.errors import MoesimError
-from moesim.sim.llamacpp_validation_run import CpuValidationConfig, analyze, per_k_display, run_cpu_validation, run_isolated_check
+from moesim.sim.validate.llamacpp_cpu import CpuValidationConfig, analyze, per_k_display, run_cpu_validation, run_isolated_check
 
 
 def main() -> int:

@@ -26,6 +26,17 @@ def check_writable(path: Path) -> None:
         raise InputError(f"{path}: output folder {parent} is not writable")
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Fail early, with one line, when the output folder `out_dir` cannot be created or written."""
+    parent = out_dir.parent if str(out_dir.parent) else Path(".")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: output folder path is a file")
+    if not parent.is_dir():
+        raise InputError(f"{out_dir}: output folder's parent {parent} does not exist")
+    if not os.access(out_dir if out_dir.is_dir() else parent, os.W_OK):
+        raise InputError(f"{out_dir}: output folder is not writable")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it to `path` on success only."""
@@ -53,10 +64,9 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a staging folder beside `path`; on success it replaces `path` as a whole."""
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
-    if target.exists() and not target.is_dir():
-        raise InputError(f"{target}: output folder path is a file")
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise InputError(f"{target}: output folder's parent {parent} does not exist or is not writable")
+    check_out_dir(target)
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"{target}: output folder's parent {parent} is not writable")
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".part", dir=parent))
     try:
         yield staging

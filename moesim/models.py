@@ -1,4 +1,4 @@
-"""Model presets and their byte accounting (contract 5 in DESIGN.md).
+"""Model presets and their byte accounting (contract 5 in docs/architecture.md).
 
 Presets are data (`presets.toml`, or a user's TOML or Hugging Face `config.json`); this module
 turns them into frozen dataclasses and counts parameters and bytes: bytes of one expert, routed
@@ -36,7 +36,6 @@ WEIGHT_FORMATS: dict[str, tuple[int, int]] = {
 }
 
 ATTENTION_KINDS = ("mha", "gqa", "mla")
-PRESET_KINDS = ("moe", "dense", "eagle")
 
 
 def bytes_per_weight(weight_format: str) -> Fraction:
@@ -61,11 +60,6 @@ class ExpertShape:
     def expert_bytes(self) -> float:
         """Bytes of one expert = 3·hidden·intermediate · bytes per weight."""
         return float(3 * self.hidden * self.intermediate * bytes_per_weight(self.weight_format))
-
-    @property
-    def flops_per_token(self) -> float:
-        """Multiply-adds ×2 of one token through one expert: 2·3·hidden·intermediate."""
-        return 6.0 * self.hidden * self.intermediate
 
 
 @dataclass(frozen=True)

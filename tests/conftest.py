@@ -1,9 +1,12 @@
-"""Shared fixtures: the CLI run in-process, the repository's data folder, small traces."""
+"""Shared fixtures: the CLI run in-process, one demo run per test session, the repository's data folder."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,26 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str
         return code, captured.out, captured.err
 
     return run
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """`moesim demo --out OUT_DIR` run once: its exit code, stdout, stderr and folder."""
+
+    code: int
+    out: str
+    err: str
+    out_dir: Path
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The demo, run once per test session through the CLI and shared by every test reading its outputs."""
+    out_dir = tmp_path_factory.mktemp("demo") / "report"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["demo", "--out", str(out_dir)])
+    return DemoRun(code, stdout.getvalue(), stderr.getvalue(), out_dir)
 
 
 def assert_one_line_error(code: int, err: str, *fragments: str) -> None:

@@ -1,4 +1,5 @@
-"""The floors of DESIGN.md: imports only go down, and nothing reaches outside the repository."""
+"""The floors of docs/architecture.md: imports only go down, between parts and between the
+subpackages of a part; folders and modules stay small; nothing reaches outside the repository."""
 
 from __future__ import annotations
 
@@ -8,27 +9,61 @@ from pathlib import Path
 from conftest import REPO
 
 PACKAGE = REPO / "moesim"
+BASE = {"errors", "tomlfile", "atomic", "registry", "fields", "filters", "models"}
 
 # What each part may import from moesim (besides itself).
 ALLOWED = {
-    "kernels": set(),
-    "models": {"errors", "tomlfile"},
-    "tomlfile": {"errors"},
     "errors": set(),
+    "tomlfile": {"errors"},
     "atomic": {"errors"},
-    "tracegen": {"tomlfile", "kernels", "models", "errors", "atomic"},
-    "hw_profiles": {"tomlfile", "kernels", "models", "errors", "atomic"},
-    "sim": {"tomlfile", "kernels", "models", "errors", "atomic", "tracegen", "hw_profiles"},
-    "cli": {"tomlfile", "kernels", "models", "errors", "atomic", "tracegen", "hw_profiles", "sim"},
+    "registry": {"errors"},
+    "fields": {"errors", "registry"},
+    "filters": {"errors"},
+    "models": {"errors", "tomlfile"},
+    "kernels": set(),
+    "tracegen": BASE | {"kernels"},
+    "hw_profiles": BASE | {"kernels"},
+    "sim": BASE | {"kernels", "tracegen", "hw_profiles"},
+    "cli": BASE | {"kernels", "tracegen", "hw_profiles", "sim"},
     "__main__": {"cli"},
     "__init__": set(),
 }
 
+# Narrow exceptions, by subpackage: the llama.cpp microbenchmark builds its models with the
+# tiny-model builder and runs them with tracegen's llama.cpp runtime, and the dense family is
+# fitted from those models' tensor plans (tracegen never imports hw_profiles: no cycle).
+ALLOWED_SUBPACKAGE = {("hw_profiles", "microbench"): {"tracegen"}, ("hw_profiles", "fitting"): {"tracegen"}}
 
-# Narrow exceptions, by sub-package: the llama.cpp microbenchmark builds its models with the
-# tiny-model builder and runs them with the llama.cpp engine of tracegen (tracegen never imports
-# hw_profiles, so there is no cycle).
-ALLOWED_SUBPACKAGE = {("hw_profiles", "microbench"): {"tracegen"}}
+# Floors inside a part: what each subpackage may import from its own part (besides itself).
+# `TOP` stands for the part's own modules beside its subpackages (hw_profiles: the profile
+# contract; sim: the demo) and its __init__.
+TOP = "<top>"
+SUBFLOORS = {
+    "tracegen": {
+        "formats": set(),
+        "routing": {"formats"},
+        "importers": {"formats"},
+        "llamacpp": {"formats"},
+        TOP: set(),
+    },
+    "hw_profiles": {
+        "measurements": set(),
+        TOP: set(),
+        "microbench": {TOP, "measurements"},
+        "fitting": {TOP, "measurements"},
+    },
+    "sim": {
+        "cost": set(),
+        "analysis": {"cost"},
+        "serving": {"cost", "analysis"},
+        "sweep": {"cost", "analysis", "serving"},
+        "validate": {"cost", "analysis"},
+        "report": {"sweep"},
+        TOP: {"cost", "analysis", "serving", "sweep", "validate", "report"},  # the demo runs everything
+    },
+}
+MAX_MODULES_PER_FOLDER = 12
+MAX_MODULE_LINES = 600
 
 
 def _part(path: Path) -> str:
@@ -36,29 +71,82 @@ def _part(path: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
+def _sub(parts: tuple[str, ...]) -> str:
+    """The subpackage of a dotted module below its part: ('sim', 'cost', 'steptime') -> 'cost'."""
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[0] / parts[1]).is_dir()) else TOP
+
+
 def _extra(path: Path) -> set[str]:
     rel = path.relative_to(PACKAGE).parts
     return ALLOWED_SUBPACKAGE.get(tuple(rel[:2]), set()) if len(rel) > 2 else set()
 
 
-def _moesim_imports(path: Path) -> set[str]:
+def _moesim_imports(path: Path) -> set[tuple[str, ...]]:
+    """Every moesim module imported, as its dotted parts below `moesim`."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("moesim."):
-            found.add(node.module.split(".")[1])
+            base = tuple(node.module.split(".")[1:])
+            names = [a.name for a in node.names]
+            # `from moesim.sim.serving import cascade` imports a module of the package
+            found |= {(*base, n) for n in names if (PACKAGE.joinpath(*base, f"{n}.py")).is_file()} or {base}
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("moesim.")}
+            found |= {tuple(a.name.split(".")[1:]) for a in node.names if a.name.startswith("moesim.")}
     return found
+
+
+def _files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def test_imports_only_go_down() -> None:
     violations = []
-    for path in PACKAGE.rglob("*.py"):
+    for path in _files():
         part = _part(path)
-        bad = _moesim_imports(path) - ALLOWED[part] - {part} - _extra(path)
+        bad = {m[0] for m in _moesim_imports(path)} - ALLOWED[part] - {part} - _extra(path)
         if bad:
             violations.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
     assert not violations, violations
+
+
+def test_subpackages_import_only_their_floors_and_below() -> None:
+    violations = []
+    for path in _files():
+        rel = path.relative_to(PACKAGE).with_suffix("").parts
+        part = rel[0]
+        if part not in SUBFLOORS:
+            continue
+        sub = _sub(rel)
+        assert sub in SUBFLOORS[part], f"{path.relative_to(REPO)}: subpackage '{sub}' has no floor in SUBFLOORS"
+        for module in _moesim_imports(path):
+            if module[0] != part:
+                continue
+            target = _sub(module)
+            if target != sub and target not in SUBFLOORS[part][sub]:
+                violations.append(f"{path.relative_to(REPO)} ({part}/{sub}) imports moesim.{'.'.join(module)} ({target})")
+    assert not violations, violations
+
+
+def test_every_subpackage_has_a_floor() -> None:
+    for part, floors in SUBFLOORS.items():
+        folders = {p.name for p in (PACKAGE / part).iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+        assert folders == set(floors) - {TOP}, (part, folders)
+
+
+def test_folders_and_modules_stay_small() -> None:
+    folders = {p.parent for p in _files()}
+    for folder in folders:
+        modules = list(folder.glob("*.py"))
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, (folder, len(modules))
+    for path in _files():
+        lines = len(path.read_text().splitlines())
+        assert lines <= MAX_MODULE_LINES, (path, lines)
+
+
+def test_design_references_point_to_the_architecture_map() -> None:
+    assert (REPO / "docs" / "architecture.md").is_file()
+    for path in _files():
+        assert "DESIGN.md" not in path.read_text(), path
 
 
 def test_kernels_import_only_numpy_and_numba() -> None:

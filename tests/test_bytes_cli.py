@@ -7,17 +7,17 @@ import json
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
-from conftest import assert_one_line_error
+from conftest import DemoRun, assert_one_line_error
 
 from moesim.kernels.reference import union_features_reference, window_features_reference
 from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.models import load_preset
-from moesim.sim.demo import DemoConfig, run_demo
-from moesim.sim.passbytes import window_bytes_report
-from moesim.tracegen.schema import TraceGeometry, TraceMeta
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import Trace, read_trace, write_trace
+from moesim.sim.cost.passbytes import window_bytes_report
+from moesim.tracegen.formats.schema import TraceGeometry, TraceMeta
+from moesim.tracegen.formats.trace import Trace, read_trace, write_trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 REQUIRED = {"n", "mean_distinct_experts", "byte_share", "p10", "p90", "mean_max_tokens_per_expert"}
 
@@ -132,11 +132,10 @@ def test_bad_input(cli, trace_path: Path, tmp_path: Path) -> None:  # type: igno
         assert out == ""
 
 
-def test_demo_shows_tokens_per_expert(tmp_path: Path) -> None:
-    result = run_demo(tmp_path / "demo", DemoConfig(tokens=200, max_pass=6))
-    section = next(s for s in result.sections if s.key == "tokens_per_expert")
-    table = section.table
-    assert table["n"].to_list() == list(range(1, 7)) and table["byte_share"][0] == 1.0
+def test_demo_shows_tokens_per_expert(demo_run: DemoRun) -> None:
+    assert demo_run.code == 0, demo_run.err
+    assert "Tokens per expert per pass: one sequence vs a batch of 4 sequences" in demo_run.out
+    table = pl.read_csv(demo_run.out_dir / "tokens_per_expert.csv")
+    assert table["n"].to_list() == list(range(1, 17)) and table["byte_share"][0] == 1.0
     assert table["max_tokens_per_expert"][0] == 1.0 and (table["max_tokens_per_expert"] <= table["n"]).all()
     assert (table["byte_share_B4"] <= table["byte_share"]).all()  # a batch's union shares more experts per slot
-    assert (tmp_path / "demo" / "tokens_per_expert.csv").is_file()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error
+from conftest import DemoRun, assert_one_line_error
 
 from moesim.models import load_preset
-from moesim.tracegen.trace import read_trace
+from moesim.tracegen.formats.trace import read_trace
 
 
 def test_help_lists_commands(cli) -> None:  # type: ignore[no-untyped-def]
@@ -68,10 +68,9 @@ def test_synth_bad_input(cli, tmp_path: Path) -> None:  # type: ignore[no-untype
     assert list(tmp_path.iterdir()) == []
 
 
-def test_demo_writes_report(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    out_dir = tmp_path / "report"
-    code, out, err = cli("demo", "--out", out_dir)
-    assert code == 0, err
+def test_demo_writes_report(demo_run: DemoRun) -> None:
+    out_dir, out = demo_run.out_dir, demo_run.out
+    assert demo_run.code == 0, demo_run.err
     assert (out_dir / "bytes.csv").is_file() and (out_dir / "trace.arrow").is_file()
     assert "Expert bytes per pass" in out
     # the demo ends with a sweep and its HTML report, images embedded
@@ -100,3 +99,52 @@ def test_usage_error_through_the_console_script() -> None:
     proc = subprocess.run([sys.executable, "-m", "moesim", "predict", "--profile", "nvidia-h200"], capture_output=True, text=True)
     assert_one_line_error(proc.returncode, proc.stderr, "Missing option '--trace'")
     assert proc.stdout == ""
+
+
+def test_renamed_options_keep_their_old_spelling_with_a_note(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    trace = tmp_path / "t.arrow"
+    assert cli("trace", "synth", "--model", "olmoe-1b-7b", "--sticky", "0.3", "--tokens", "64", "--seqs", "2", "--out", trace)[0] == 0
+    base = ("batch", "--trace", trace, "--profile", "nvidia-h200", "--alpha", "0.8", "--batch", "1,2", "--json")
+    code, new_out, new_err = cli(*base, "--draft-len", "2", "--context-tokens", "128")
+    assert code == 0 and new_err == "", new_err
+    code, old_out, old_err = cli(*base, "--draft", "2", "--context=128")
+    assert code == 0 and old_out == new_out
+    notes = old_err.splitlines()
+    assert len(notes) == 2 and all(n.startswith("moesim: note: ") and "is deprecated" in n for n in notes)
+    assert "--draft is deprecated, use --draft-len" in notes[0] and "--context is deprecated, use --context-tokens" in notes[1]
+    # the old spellings are hidden from --help
+    help_text = cli("batch", "--help")[1]
+    assert "--draft-len" in help_text and "--draft " not in help_text and "--context-tokens" in help_text
+
+
+def test_old_spellings_are_renamed_only_for_their_command() -> None:
+    from moesim.cli.options import rename_old_spellings
+
+    assert rename_old_spellings(["report", "r.parquet", "--where=model=x", "--out", "o"]) == [
+        "report",
+        "r.parquet",
+        "--filter=model=x",
+        "--out",
+        "o",
+    ]
+    assert rename_old_spellings(["trace", "tiny-model", "--weight-type", "F16"]) == ["trace", "tiny-model", "--format", "F16"]
+    assert rename_old_spellings(["microbench", "torch", "--dtype", "f16"]) == ["microbench", "torch", "--format", "f16"]
+    assert rename_old_spellings(["predict", "--draft", "3"]) == ["predict", "--draft", "3"]  # not an option of predict
+
+
+def test_tiny_model_options_come_from_the_spec(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
+    from moesim.tracegen.llamacpp.gguf_reader import read_tiny_spec
+
+    target = tmp_path / "t.gguf"
+    code, _, err = cli("trace", "tiny-model", "--out", target, "--hidden", "64", "--expert-intermediate", "24", "--format", "f16")
+    assert code == 0, err
+    assert read_tiny_spec(target) == TinyModelSpec(hidden=64, expert_ff=24, weight_type="F16")  # every other field: the spec's default
+    assert "(default: 4)" in cli("trace", "tiny-model", "--help")[1]  # the help names the spec's default layers
+    code, _, err = cli("trace", "tiny-model", "--out", tmp_path / "d.gguf", "--draft-of", target, "--hidden", "32", "--noise", "0.1")
+    assert_one_line_error(code, err, "--draft-of takes the shape from", "drop --hidden")
+    assert_one_line_error(*cli("trace", "tiny-model", "--out", tmp_path / "d.gguf", "--draft-of", target)[::2], "needs --noise")
+    assert_one_line_error(*cli("trace", "tiny-model", "--out", tmp_path / "d.gguf", "--noise", "0.1")[::2], "--noise needs --draft-of")
+    code, _, err = cli("trace", "tiny-model", "--out", tmp_path / "d.gguf", "--draft-of", target, "--noise", "0.0")
+    assert code == 0, err
+    assert read_tiny_spec(tmp_path / "d.gguf").hidden == 64 and not (tmp_path / "x.gguf").exists()

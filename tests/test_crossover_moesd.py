@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.sim.crossover import bandwidth_ratio, byte_share, uniform_crossover, win_window
-from moesim.sim.moesd import expected_active_experts, full_activation_tokens, target_efficiency
+from moesim.kernels.features import uniform_distinct_experts
+from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, uniform_crossover, win_window
+from moesim.sim.analysis.moesd import full_activation_tokens, target_efficiency
 
 
 def test_uniform_crossover_matches_issue_figures() -> None:
@@ -40,7 +41,7 @@ def test_byte_share_and_moesd() -> None:
     # N(t) agrees with a Monte-Carlo union of uniform top-k sets
     rng = np.random.default_rng(1)
     union = [len(set(np.concatenate([rng.permutation(64)[:6] for _ in range(10)]).tolist())) for _ in range(4000)]
-    assert expected_active_experts(10, 64, 6) == pytest.approx(np.mean(union), abs=0.15)
+    assert uniform_distinct_experts(10, 64, 6) == pytest.approx(np.mean(union), abs=0.15)
     t = full_activation_tokens(64, 6)
-    assert expected_active_experts(t, 64, 6) >= 0.95 * 64 > expected_active_experts(t - 1, 64, 6)
+    assert uniform_distinct_experts(t, 64, 6) >= 0.95 * 64 > uniform_distinct_experts(t - 1, 64, 6)
     assert target_efficiency(np.array([10.0]), np.array([12.5]))[0] == pytest.approx(0.8)

@@ -13,13 +13,13 @@ from conftest import assert_one_line_error
 
 from moesim.errors import InputError
 from moesim.kernels.locality import mean_distinct_experts, reuse
-from moesim.tracegen.fit import FitResult, _replicated, fit_mixture, load_params, write_fit
-from moesim.tracegen.gguf_builder import TinyModelSpec, build_tiny_model
-from moesim.tracegen.prompts import Prompt, PromptSet
-from moesim.tracegen.recorder import RecordConfig, record_trace
-from moesim.tracegen.schema import TraceGeometry, TraceMeta
-from moesim.tracegen.synth import Mixture, Zipf, equal_layout, zipf_popularity
-from moesim.tracegen.trace import Trace, read_trace, write_trace
+from moesim.tracegen.formats.schema import TraceGeometry, TraceMeta
+from moesim.tracegen.formats.trace import Trace, read_trace, write_trace
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_tiny_model
+from moesim.tracegen.llamacpp.prompts import Prompt, PromptSet
+from moesim.tracegen.llamacpp.recorder import RecordConfig, record_trace
+from moesim.tracegen.routing.fit import FitResult, _replicated, fit_mixture, load_params, write_fit
+from moesim.tracegen.routing.synth import Mixture, Zipf, equal_layout, zipf_popularity
 
 
 def _geometry(layers: int, experts: int, top_k: int) -> TraceGeometry:

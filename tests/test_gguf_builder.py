@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from moesim.errors import ConfigError, InputError
-from moesim.tracegen.gguf_builder import (
+from moesim.tracegen.llamacpp.gguf_builder import (
     ARCHITECTURES,
     MIN_VOCAB,
     TinyModelSpec,
@@ -21,7 +21,7 @@ from moesim.tracegen.gguf_builder import (
     expert_weight_bytes,
     model_bytes,
 )
-from moesim.tracegen.gguf_meta import read_gguf_geometry, read_gguf_info, read_tiny_spec
+from moesim.tracegen.llamacpp.gguf_reader import read_gguf_geometry, read_gguf_info, read_tiny_spec
 
 SPECS = {
     "qwen3moe": TinyModelSpec(),

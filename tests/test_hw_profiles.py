@@ -16,12 +16,13 @@ from conftest import DATA
 
 from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles import builtin_names, load_profile
-from moesim.hw_profiles.builtin import CALIBRATED, scaled_builtins
-from moesim.hw_profiles.calibrate import fit_profile
+from moesim.hw_profiles.builtin import CALIBRATED
 from moesim.hw_profiles.compare import dedup_comparison, uniform_routing_features
-from moesim.hw_profiles.derive import derive_profile
 from moesim.hw_profiles.families import CalibratedRange, ExpertFamily, ExpertInputs, Roofline
-from moesim.hw_profiles.fit import fit_terms, leave_one_group_out, structure_for
+from moesim.hw_profiles.fitting.calibrate import fit_profile
+from moesim.hw_profiles.fitting.derive import derive_profile
+from moesim.hw_profiles.fitting.family_fit import fit_terms, leave_one_group_out, structure_for
+from moesim.hw_profiles.fitting.regenerate import scaled_builtins
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.provenance import Provenance
 from moesim.hw_profiles.schema import profile_from_dict, profile_to_toml, read_profile
@@ -217,7 +218,8 @@ def test_shipped_h200_profile_is_the_documented_fit(h200_report) -> None:  # typ
 
 def test_shipped_scaled_profiles_are_current() -> None:
     for key, profile in scaled_builtins(load_profile(CALIBRATED)).items():
-        assert (PROFILES / f"{key}.toml").read_text() == profile_to_toml(profile), f"run python -m moesim.hw_profiles.regenerate ({key})"
+        hint = f"run python -m moesim.hw_profiles.fitting.regenerate ({key})"
+        assert (PROFILES / f"{key}.toml").read_text() == profile_to_toml(profile), hint
     assert sorted(p.stem for p in PROFILES.glob("*.toml")) == sorted(builtin_names())
 
 

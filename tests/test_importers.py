@@ -12,10 +12,10 @@ from safetensors.numpy import save_file
 
 from moesim.errors import InputError
 from moesim.models import load_preset
+from moesim.tracegen.formats.schema import TraceGeometry
+from moesim.tracegen.formats.trace import read_trace
 from moesim.tracegen.importers import import_routing
-from moesim.tracegen.schema import TraceGeometry
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import read_trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 PRESET = load_preset("deepseek-v2-lite")  # MoE layers 1..26: layer 0 is dense
 GEOMETRY = TraceGeometry.from_preset(PRESET)

@@ -16,22 +16,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moesim.errors import InputError
-from moesim.hw_profiles.microbench.dense_twins import fit_dense_twins
+from moesim.hw_profiles.fitting.dense_twins import fit_dense_twins
 from moesim.hw_profiles.microbench.table import MoeShape
 from moesim.hw_profiles.provenance import Provenance
 from moesim.models import load_preset
-from moesim.sim.llamacpp_validation_run import (
+from moesim.sim.cost.measured_passes import draft_passes, truncated_tokens_per_pass, verify_passes
+from moesim.sim.validate.llamacpp_cpu import (
     CpuValidationConfig,
     min_over_repetitions,
     preset_from_tiny_spec,
     preset_toml,
     run_cpu_validation,
 )
-from moesim.sim.spec_passes import draft_passes, truncated_tokens_per_pass, verify_passes
-from moesim.tracegen.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model, expert_weight_bytes, model_bytes
-from moesim.tracegen.prompts import prompts_from_texts
-from moesim.tracegen.specrun import read_spec_run
-from moesim.tracegen.speculate import SpeculateConfig, SpeculativeSession, speculative_run
+from moesim.tracegen.formats.specrun import read_spec_run
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model, expert_weight_bytes, model_bytes
+from moesim.tracegen.llamacpp.prompts import prompts_from_texts
+from moesim.tracegen.llamacpp.speculate import SpeculateConfig, SpeculativeSession, speculative_run
 
 SPEC = TinyModelSpec(arch="llama", layers=2, experts=8, top_k=2, hidden=64, expert_ff=32, heads=4, kv_heads=2, seed=3)
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Mixture of experts route tokens.", "abc"]
@@ -144,7 +144,7 @@ def test_preset_of_a_tiny_model_counts_its_tensors(tmp_path: Path) -> None:
 def test_dense_twins_recover_known_rates(tmp_path: Path) -> None:
     # dense twins timed by a machine with known bandwidth, FLOP rate and fixed time: the fit recovers them
     bandwidth_gbps, tflops, fixed_us = 40.0, 0.08, 250.0
-    from moesim.hw_profiles.microbench.dense_twins import TwinBytes
+    from moesim.hw_profiles.fitting.dense_twins import TwinBytes
 
     spec = TinyModelSpec(arch="llama", layers=1, experts=0, top_k=0, hidden=256, expert_ff=64, heads=4, kv_heads=1, vocab=300,
                          weight_type="F16", dense_ff=16)  # fmt: skip
@@ -170,7 +170,7 @@ def test_dense_twins_recover_known_rates(tmp_path: Path) -> None:
 
 
 def test_dense_twins_of_the_real_cpu_table() -> None:
-    from moesim.hw_profiles.calibrate import fit_profile
+    from moesim.hw_profiles.fitting.calibrate import fit_profile
 
     profile = fit_profile(DATA / "cpu" / "measurements.parquet", "cpu", backend="cpu").profile
     dense = profile.dense
@@ -186,7 +186,7 @@ def test_unresolvable_dense_twins_leave_the_dense_family_assumed(tmp_path: Path)
     # expert families are still fitted, the dense family stays assumed, and the profile says why
     import shutil
 
-    from moesim.hw_profiles.calibrate import fit_profile
+    from moesim.hw_profiles.fitting.calibrate import fit_profile
 
     shutil.copy(DATA / "cpu" / "provenance.json", tmp_path / "provenance.json")
     table = pl.read_parquet(DATA / "cpu" / "measurements.parquet")
@@ -237,8 +237,8 @@ def test_committed_cpu_validation_is_what_the_code_computes(cli) -> None:  # typ
     # the comparison in data/cpu-validation (and docs/validation.md) recomputed from the committed runs,
     # profile and preset; and `moesim validate` on the same runs measures the same tokens/s
     from moesim.hw_profiles import load_profile
-    from moesim.sim.llamacpp_validation import validate_draft_lengths
-    from moesim.sim.steptime import StepTimeModel
+    from moesim.sim.cost.steptime import StepTimeModel
+    from moesim.sim.validate.draft_lengths import validate_draft_lengths
 
     folder = DATA / "cpu-validation"
     runs = [read_spec_run(folder / "runs" / f"spec-k{k}.arrow") for k in (1, 2, 4, 8, 16)]

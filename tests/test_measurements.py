@@ -10,7 +10,7 @@ import pytest
 from conftest import DATA
 
 from moesim.errors import InputError
-from moesim.hw_profiles.measurements import is_dedup_family, load_measurements
+from moesim.hw_profiles.measurements.table import is_dedup_family, load_measurements
 
 H200 = DATA / "h200" / "calibration.parquet"
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moesim.errors import ConfigError, InputError
-from moesim.hw_profiles.measurements import load_measurements
+from moesim.hw_profiles.measurements.table import load_measurements
 from moesim.hw_profiles.microbench.routing import (
     ROUTINGS,
     expert_plan,
@@ -164,7 +164,7 @@ def test_cpu_facts_describe_this_machine() -> None:
     ("field", "value", "fragment"),
     [
         ("reps", 0, "'reps'"),
-        ("engines", ("nope",), "unknown engine 'nope'"),
+        ("engines", ("nope",), "unknown torch engine 'nope'"),
         ("routings", ("zipf",), "unknown routing"),
         ("device", "tpu", "device"),
     ],
@@ -182,7 +182,7 @@ def test_torch_command_without_torch_is_one_line(cli, tmp_path: Path, monkeypatc
 
 
 def test_torch_device_facts_are_what_profile_fit_reads(tmp_path: Path) -> None:
-    from moesim.hw_profiles.calibrate import read_device_json
+    from moesim.hw_profiles.fitting.calibrate import read_device_json
     from moesim.hw_profiles.microbench.torch_cuda import device_json
 
     facts = {"device": "NVIDIA H200", "torch": "2.13.0", "torch_cuda": "13.0", "capability": "9.0", "sm_count": 132}

@@ -15,7 +15,7 @@ import pytest
 from conftest import assert_one_line_error
 
 from moesim.errors import InputError
-from moesim.hw_profiles.measurements import load_measurements
+from moesim.hw_profiles.measurements.table import load_measurements
 from moesim.hw_profiles.microbench.backend_ops import backend_of, parse_backend_ops_perf
 from moesim.hw_profiles.microbench.llamacpp_kernels import llamacpp_family
 

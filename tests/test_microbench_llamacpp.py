@@ -14,7 +14,7 @@ import pytest
 from conftest import assert_one_line_error
 
 from moesim.errors import ConfigError, InputError
-from moesim.hw_profiles.measurements import load_measurements
+from moesim.hw_profiles.measurements.table import load_measurements
 from moesim.hw_profiles.microbench.llama_cpp import (
     BenchContexts,
     LlamaBenchConfig,
@@ -26,8 +26,8 @@ from moesim.hw_profiles.microbench.llama_cpp import (
 )
 from moesim.hw_profiles.microbench.routing import ROUTINGS, pass_features, routing_ids, routing_seed
 from moesim.hw_profiles.microbench.table import MoeShape, write_measurements
-from moesim.tracegen.gguf_builder import BYTE_TOKENS_START
-from moesim.tracegen.llama_engine import LlamaContext, LlamaModel, RoutingCapture
+from moesim.tracegen.llamacpp.gguf_builder import BYTE_TOKENS_START
+from moesim.tracegen.llamacpp.runtime import LlamaContext, LlamaModel, RoutingCapture
 
 SMALL = MoeShape("small", hidden=256, expert_intermediate=512, experts=8, top_k=2, weight_format="F32")
 CONFIG = LlamaBenchConfig(shape=SMALL, layers=2, heads=4, kv_heads=1, pass_sizes=(1, 3, 12), reps=5, warmup=1, prefix=8, n_threads=1)
@@ -98,7 +98,7 @@ def test_cpu_run_writes_a_contract_table(tmp_path: Path) -> None:
 
 
 def test_cli_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    args = ["--hidden", "128", "--expert-intermediate", "256", "--experts", "8", "--top-k", "2", "--weight-type", "F32"]
+    args = ["--hidden", "128", "--expert-intermediate", "256", "--experts", "8", "--top-k", "2", "--format", "F32"]
     args += ["--layers", "1", "--heads", "4", "--pass-sizes", "1,4", "--routing", "distinct", "--reps", "3", "--warmup", "1"]
     args += ["--threads", "1", "--prefix", "4", "--no-subtract-attention", "--models-dir", tmp_path / "models"]
     code, _, err = cli("microbench", "llama-cpp", *args, "--out", tmp_path / "t")
@@ -115,7 +115,7 @@ def test_cli_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-
     [
         (["--experts", "4096"], ["experts <= hidden", "experts=4096"]),
         (["--experts", "2048", "--layers", "8"], ["GB", "memory"]),
-        (["--weight-type", "Q4_K"], ["F16 or F32", "Q4_K"]),
+        (["--format", "Q4_K"], ["F16 or F32", "Q4_K"]),
         (["--heads", "3"], ["heads"]),
         (["--pass-sizes", "0"], ["pass sizes"]),
         (["--model", "olmoe-1b-7b", "--model", "olmoe-1b-7b"], ["distinct model shapes"]),

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moesim.hw_profiles.measurements import load_measurements
+from moesim.hw_profiles.measurements.table import load_measurements
 from moesim.hw_profiles.microbench.routing import ROUTINGS, gate_weights, routing_ids, routing_seed
 from moesim.hw_profiles.microbench.table import MoeShape, write_measurements
 from moesim.hw_profiles.microbench.torch_cuda import (
@@ -52,7 +52,7 @@ def test_every_engine_computes_the_moe_layer(engine: str, routing: str, n_tokens
     expected = _numpy_reference(gate_up, down, x, ids, weights)
     layer = LayerWeights(torch.tensor(gate_up, dtype=torch.float32), torch.tensor(down, dtype=torch.float32))
     p = device_pass(torch, ids, weights, TINY.experts, torch.device("cpu"), torch.float32)
-    got = ENGINES[engine]().forward(torch, layer, torch.tensor(x, dtype=torch.float32), p).numpy()
+    got = ENGINES.create(engine).forward(torch, layer, torch.tensor(x, dtype=torch.float32), p).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
@@ -64,7 +64,7 @@ def test_cpu_run_writes_a_contract_table(tmp_path: Path) -> None:
     table = load_measurements(write_measurements(result.rows, tmp_path / "bench", result.provenance))
     assert set(table["engine"]) == set(ENGINES)
     for row in table.iter_rows(named=True):
-        assert row["kernel"] == ENGINES[row["engine"]].family
+        assert row["kernel"] == ENGINES.get(row["engine"]).family
         assert row["time_us"] > 0 and row["time_us_min"] <= row["time_us"] <= row["time_us_p90"] + 1e-9
         assert row["timing"] == "cpu_wall" and row["weight_copies"] == 2
         ids = routing_ids(

@@ -12,12 +12,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import assert_one_line_error
+from conftest import DemoRun, assert_one_line_error
 
-from moesim.tracegen.gguf_builder import TinyModelSpec, build_tiny_model
-from moesim.tracegen.prompts import load_prompts
-from moesim.tracegen.recorder import RecordConfig, record_trace
-from moesim.tracegen.trace import read_trace
+from moesim.tracegen.formats.trace import read_trace
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_tiny_model
+from moesim.tracegen.llamacpp.prompts import load_prompts
+from moesim.tracegen.llamacpp.recorder import RecordConfig, record_trace
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -205,13 +205,12 @@ def test_recording_bad_inputs_fail_with_one_line_and_no_file(cli, llama_model: P
     assert list(out.parent.iterdir()) == [] and list(locked.iterdir()) == []
 
 
-def test_demo_records_a_trace_through_llama_cpp(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_demo_records_a_trace_through_llama_cpp(demo_run: DemoRun) -> None:
     import polars as pl
 
-    code, out, err = cli("demo", "--out", tmp_path / "report")
-    assert code == 0, err
-    assert "Routing recorded through llama.cpp" in out
-    table = pl.read_csv(tmp_path / "report" / "recorded.csv")
+    assert demo_run.code == 0, demo_run.err
+    assert "Routing recorded through llama.cpp" in demo_run.out
+    table = pl.read_csv(demo_run.out_dir / "recorded.csv")
     assert table["layer"].to_list() == [0, 1, 2, 3]
     assert (table["experts_used"] <= 16).all() and (table["distinct_n8"] >= table["distinct_n4"]).all()
     assert ((table["reuse_d1"] >= 0) & (table["reuse_d1"] <= 1)).all()

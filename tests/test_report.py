@@ -13,10 +13,10 @@ import pytest
 from conftest import assert_one_line_error
 from matplotlib.collections import QuadMesh
 
-from moesim.sim import plots
-from moesim.sim.report import write_report
-from moesim.sim.sweep import run_sweep
-from moesim.sim.sweepconfig import load_config
+from moesim.sim.report import plots
+from moesim.sim.report.page import write_report
+from moesim.sim.sweep.config import load_config
+from moesim.sim.sweep.run import run_sweep
 
 CONFIG = """
 [sweep]
@@ -139,7 +139,7 @@ def test_report_files_are_reproducible(inputs: tuple[Path, Path], tmp_path: Path
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
-def test_where_and_alpha_select_what_is_drawn(cli, inputs: tuple[Path, Path], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_filter_and_alpha_select_what_is_drawn(cli, inputs: tuple[Path, Path], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     report = write_report([inputs[0]], tmp_path / "r", ["batch=2"])
     assert {f.key for f in report.figures} == FIGURES - {"speedup_batch", "predicted_vs_measured"}
     assert any("one batch size" in n for n in report.notes) and any("no predictions" in n for n in report.notes)
@@ -160,10 +160,10 @@ def test_report_errors_are_one_line(cli, inputs: tuple[Path, Path], tmp_path: Pa
         ((tmp_path / "notes.txt",), "not a readable Parquet file"),
         ((tmp_path / "cut.parquet",), "not a readable Parquet file"),
         ((tmp_path / "other.parquet",), "neither sweep results"),
-        ((inputs[0], "--where", "colour=red"), "--where 'colour=red'"),
-        ((inputs[0], "--where", "batch=five"), "'five' is not a"),
-        ((inputs[0], "--where", "batch=3"), "no rows (values of 'batch': 1, 2, 8)"),
-        ((inputs[1], "--where", "batch=1"), "no sweep results were given"),
+        ((inputs[0], "--filter", "colour=red"), "--filter column 'colour'"),
+        ((inputs[0], "--filter", "batch=five"), "'five' is not a"),
+        ((inputs[0], "--filter", "batch=3"), "no rows left after --filter batch=3 (values of 'batch': 1, 2, 8)"),
+        ((inputs[1], "--filter", "batch=1"), "no sweep results were given"),
         ((inputs[0], "--alpha", "1.5"), "--alpha must lie in [0, 1], got 1.5"),
     ]
     for args, fragment in cases:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moesim.sim.acceptance import Geometric, Position, Recorded, Regime, geometric_count, survival_count
-from moesim.sim.fields import FieldError
-from moesim.sim.speculation import tokens_per_pass
+from moesim.fields import FieldError
+from moesim.sim.analysis.speculation import tokens_per_pass
+from moesim.sim.serving.acceptance import Geometric, Position, Recorded, Regime, geometric_count, survival_count
 
 Z99 = 2.5758293035489004  # two-sided 99% normal quantile
 

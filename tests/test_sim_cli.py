@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.ipc as ipc
 import pytest
-from conftest import REPO, assert_one_line_error
+from conftest import REPO, DemoRun, assert_one_line_error
 
 EXAMPLES = REPO / "examples"
 SELFCHECK = EXAMPLES / "sim-selfcheck.toml"
@@ -150,7 +150,7 @@ def _examples() -> list[Path]:
 
 
 def test_examples_are_named_and_load() -> None:
-    from moesim.sim.simconfig import load_config
+    from moesim.sim.serving.config import load_config
 
     names = [p.name for p in _examples()]
     assert len(names) >= 5 and all("sim" in n or "cascade" in n for n in names)
@@ -175,12 +175,10 @@ def test_table_examples_run(cli, tmp_path: Path, path: Path) -> None:  # type: i
         assert payload["requests_completed"] > 0
 
 
-def test_demo_ends_with_static_vs_cascade(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    out_dir = tmp_path / "report"
-    code, out, err = cli("demo", "--out", out_dir)
-    assert code == 0, err
-    assert "static k vs Cascade" in out
-    speculation = pl.read_csv(out_dir / "speculation.csv")
+def test_demo_ends_with_static_vs_cascade(demo_run: DemoRun) -> None:
+    assert demo_run.code == 0, demo_run.err
+    assert "static k vs Cascade" in demo_run.out
+    speculation = pl.read_csv(demo_run.out_dir / "speculation.csv")
     assert set(speculation["policy"]) == {"static k=1", "static k=2", "static k=3", "cascade"}
     assert set(speculation["workload"]) == {"low", "high"}
     # low acceptance: Cascade's worst request slows down least (its point); high: speculation pays

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 
 from moesim.models import load_preset
-from moesim.sim.acceptance import Geometric
-from moesim.sim.costs import TablePassCost
-from moesim.sim.engine import Engine
-from moesim.sim.policies import Off, Policy, Static
-from moesim.sim.workload import Arrivals, TraceWindows, Workload
-from moesim.tracegen.synth import Uniform, synthesize
+from moesim.sim.cost.pass_table import TablePassCost
+from moesim.sim.serving.acceptance import Geometric
+from moesim.sim.serving.policies import Off, Policy, Static
+from moesim.sim.serving.server import Server
+from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
+from moesim.tracegen.routing.synth import Uniform, synthesize
 
 TABLE = TablePassCost(np.array([1000.0 + 120.0 * n for n in range(1, 80)]), draft_step_us=25.0, prefill_us_per_token=3.0)
 
 
 def run(policy: Policy, *, alpha: float = 0.6, requests: int = 6, max_batch: int = 1, workload: Workload | None = None, **kw):  # type: ignore[no-untyped-def]
-    engine = Engine(
+    engine = Server(
         cost=kw.pop("cost", TABLE),
         policy=policy,
         acceptance=kw.pop("acceptance", Geometric(alpha=alpha)),

@@ -5,17 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moesim.sim.acceptance import Geometric
-from moesim.sim.costs import TablePassCost
-from moesim.sim.engine import Engine
-from moesim.sim.fields import FieldError
-from moesim.sim.policies import Cascade, Oracle, Static
-from moesim.sim.speculation import best_draft, relative_cost
-from moesim.sim.workload import Arrivals, Workload
+from moesim.fields import FieldError
+from moesim.sim.analysis.speculation import best_draft, relative_cost
+from moesim.sim.cost.pass_table import TablePassCost
+from moesim.sim.serving.acceptance import Geometric
+from moesim.sim.serving.cascade import Cascade
+from moesim.sim.serving.policies import Oracle, Static
+from moesim.sim.serving.server import Server
+from moesim.sim.serving.workload import Arrivals, Workload
 
 
 def run(policy, cost: TablePassCost, alpha: float, output: int = 3000, requests: int = 1, max_batch: int = 1):  # type: ignore[no-untyped-def]
-    engine = Engine(
+    engine = Server(
         cost=cost,
         policy=policy,
         acceptance=Geometric(alpha=alpha),

@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moesim.sim.acceptance import Recorded
-from moesim.sim.costs import TablePassCost
-from moesim.sim.engine import Engine
-from moesim.sim.policies import Static
-from moesim.sim.workload import Arrivals, Workload
-from moesim.tracegen.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model
-from moesim.tracegen.prompts import prompts_from_texts
-from moesim.tracegen.specrun import read_spec_run
-from moesim.tracegen.speculate import SpeculateConfig, speculative_run
+from moesim.sim.cost.pass_table import TablePassCost
+from moesim.sim.serving.acceptance import Recorded
+from moesim.sim.serving.policies import Static
+from moesim.sim.serving.server import Server
+from moesim.sim.serving.workload import Arrivals, Workload
+from moesim.tracegen.formats.specrun import read_spec_run
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model
+from moesim.tracegen.llamacpp.prompts import prompts_from_texts
+from moesim.tracegen.llamacpp.speculate import SpeculateConfig, speculative_run
 
 SPEC = TinyModelSpec(layers=2, experts=8, top_k=2, hidden=64, expert_ff=32, seed=5)
 DRAFT_LEN = 3
@@ -42,7 +42,7 @@ def test_recorded_run_file_replays_its_steps(run_file: Path) -> None:
     # a static run at the recorded draft length walks the recorded steps exactly
     for rid in range(2):
         counts = per_seq[rid]
-        engine = Engine(
+        engine = Server(
             cost=TablePassCost(np.array([100.0, 120.0, 140.0, 160.0])),
             policy=Static(k=DRAFT_LEN),
             acceptance=model,

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moesim.sim.simconfig import config_from_dict
-from moesim.sim.simulate import simulate
-from moesim.sim.speculation import relative_cost, speedup, tokens_per_pass
+from moesim.sim.analysis.speculation import relative_cost, speedup, tokens_per_pass
+from moesim.sim.serving.config import config_from_dict
+from moesim.sim.serving.run import simulate
 
 Z99 = 2.5758293035489004
 TARGET_US = [900.0 + 150.0 * n + 4.0 * n * n for n in range(1, 40)]

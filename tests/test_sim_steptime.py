@@ -10,11 +10,11 @@ import pytest
 
 from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
-from moesim.sim.drafters import make_drafter
-from moesim.sim.simconfig import config_from_dict
-from moesim.sim.simulate import load_trace, run_study, simulate
-from moesim.sim.steptime import StepTimeModel
-from moesim.sim.tracecost import TraceBatchCost
+from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.steptime import StepTimeModel
+from moesim.sim.cost.trace_batch import TraceBatchCost
+from moesim.sim.serving.config import config_from_dict
+from moesim.sim.serving.run import load_trace, run_study, simulate
 
 PROMPT, OUTPUT = 40, 120
 

@@ -13,13 +13,13 @@ import pytest
 from conftest import assert_one_line_error
 
 from moesim.errors import InputError
-from moesim.tracegen.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model
-from moesim.tracegen.llama_engine import LlamaContext, LlamaModel, RoutingCapture
-from moesim.tracegen.prompts import load_prompts
-from moesim.tracegen.recorder import RecordConfig, record_trace, run_prompt
-from moesim.tracegen.specrun import read_spec_run, spec_run_summary
-from moesim.tracegen.speculate import SpeculateConfig, SpeculativeSession, speculative_run
-from moesim.tracegen.trace import read_trace
+from moesim.tracegen.formats.specrun import read_spec_run, spec_run_summary
+from moesim.tracegen.formats.trace import read_trace
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model
+from moesim.tracegen.llamacpp.prompts import load_prompts
+from moesim.tracegen.llamacpp.recorder import RecordConfig, record_trace, run_prompt
+from moesim.tracegen.llamacpp.runtime import LlamaContext, LlamaModel, RoutingCapture
+from moesim.tracegen.llamacpp.speculate import SpeculateConfig, SpeculativeSession, speculative_run
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Mixture of experts route tokens.", "abc"]
 SPEC = TinyModelSpec(layers=3, experts=8, top_k=2, hidden=64, expert_ff=32, seed=2)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moesim.errors import InputError
-from moesim.sim.speculation import (
+from moesim.sim.analysis.speculation import (
     best_draft,
     break_even_alpha,
     check_acceptance,

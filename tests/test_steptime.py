@@ -11,8 +11,8 @@ from moesim.hw_profiles import load_profile
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.windows import summarize_windows, window_features
 from moesim.models import load_preset
-from moesim.sim.steptime import DENSE_KERNELS_PER_LAYER, StepTimeModel
-from moesim.tracegen.synth import Sticky, synthesize
+from moesim.sim.cost.steptime import DENSE_KERNELS_PER_LAYER, StepTimeModel
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 PROFILE = load_profile("nvidia-h200")
 PRESET = load_preset("deepseek-v2-lite")

@@ -18,11 +18,14 @@ import pytest
 from conftest import REPO, assert_one_line_error
 
 from moesim.models import load_preset
-from moesim.sim.analysis import batch_analysis, load_scenario, predict
-from moesim.sim.sweep import partial_dir, plan_units, run_sweep
-from moesim.sim.sweepconfig import load_config, points_per_unit
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import write_trace
+from moesim.sim.analysis.batch import batch_analysis
+from moesim.sim.analysis.predict import predict
+from moesim.sim.analysis.scenario import load_scenario
+from moesim.sim.sweep.config import load_config, points_per_unit
+from moesim.sim.sweep.plan import plan_units
+from moesim.sim.sweep.run import partial_dir, run_sweep
+from moesim.tracegen.formats.trace import write_trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 ALPHAS = [0.0, 0.3, 0.6, 0.75, 0.9, 0.97, 1.0]
 BASE = """

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moesim.models import load_preset
-from moesim.tracegen.synth import Uniform, synthesize
-from moesim.tracegen.trace import write_trace
+from moesim.tracegen.formats.trace import write_trace
+from moesim.tracegen.routing.synth import Uniform, synthesize
 
 
 def _valid_trace_bytes(tmp: Path) -> bytes:

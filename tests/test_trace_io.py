@@ -16,9 +16,9 @@ from conftest import assert_one_line_error
 
 from moesim.errors import InputError
 from moesim.models import load_preset
-from moesim.tracegen.schema import META_JSON_KEY, META_VERSION_KEY, TraceGeometry, TraceMeta
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import Trace, TraceWriter, iter_chunks, read_meta, read_trace, write_trace
+from moesim.tracegen.formats.schema import META_JSON_KEY, META_VERSION_KEY, TraceGeometry, TraceMeta
+from moesim.tracegen.formats.trace import Trace, TraceWriter, iter_chunks, read_meta, read_trace, write_trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 
 def small_trace(seqs: int = 3, tokens: int = 40, weights: bool = True) -> Trace:
@@ -115,7 +115,7 @@ def test_writer_leaves_no_partial_file_on_error(tmp_path: Path) -> None:
 
 
 def _write_rows(path: Path, meta: TraceMeta, columns: dict[str, pa.Array], metadata: dict[bytes, bytes] | None = None) -> None:
-    from moesim.tracegen.schema import trace_schema
+    from moesim.tracegen.formats.schema import trace_schema
 
     schema = trace_schema(meta, False, False)
     if metadata is not None:

@@ -17,10 +17,10 @@ from scipy import stats
 from moesim.hw_profiles import load_profile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape, load_preset
-from moesim.sim.steptime import StepTimeModel
-from moesim.sim.validate import ValidateOptions, validate
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import write_trace
+from moesim.sim.cost.steptime import StepTimeModel
+from moesim.sim.validate.result import ValidateOptions, validate
+from moesim.tracegen.formats.trace import write_trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 H200 = DATA / "h200" / "calibration.parquet"
 PROFILE = load_profile("nvidia-h200")
@@ -130,7 +130,7 @@ def _brute_features(experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_window_rows_count_features_from_the_trace(trace_path: Path, tmp_path: Path) -> None:
-    from moesim.tracegen.trace import read_trace
+    from moesim.tracegen.formats.trace import read_trace
 
     trace = read_trace(trace_path)
     rows = [
@@ -165,7 +165,7 @@ def test_pass_rows_and_speculative_rows(trace_path: Path, tmp_path: Path) -> Non
              "accepted_mean": 0.0, "tokens_per_s": 1e6 / (t1 * 1.1)}]  # fmt: skip
     accepted = {1: 0.9, 2: 1.6, 3: 2.1, 4: 2.4}
     draft_step_us = 300.0
-    from moesim.tracegen.trace import read_trace
+    from moesim.tracegen.formats.trace import read_trace
 
     trace = read_trace(trace_path)
     for k, a in accepted.items():
@@ -223,7 +223,7 @@ def test_out_writes_predictions_atomically(cli, tmp_path: Path) -> None:  # type
     assert sorted(p.name for p in out.iterdir()) == ["predictions.parquet"]
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert_one_line_error(*cli("validate", H200, "--profile", "nvidia-h200", "--out", blocker)[::2], "--out must be a folder")
+    assert_one_line_error(*cli("validate", H200, "--profile", "nvidia-h200", "--out", blocker)[::2], "output folder path is a file")
 
 
 def test_mismatched_inputs_are_one_line_errors(cli, trace_path: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -251,16 +251,16 @@ def test_mismatched_inputs_are_one_line_errors(cli, trace_path: Path, tmp_path: 
     passes = {**window, "window_start": 0, "scope": "pass"}
     assert_one_line_error(*run([{**passes, "context_tokens": "long"}], "--trace", trace_path), "field 'context_tokens'")
     assert_one_line_error(*run([passes], "--trace", trace_path, "--model", "qwen3-30b-a3b"), "does not route like")
-    assert_one_line_error(*run([{**window, "window_start": 0}], "--trace", trace_path, "--context", "-1"), "--context")
+    assert_one_line_error(*run([{**window, "window_start": 0}], "--trace", trace_path, "--context-tokens", "-1"), "--context-tokens")
     assert math.isfinite(PROFILE.expert_family("per_slot").heldout_error.epsilon)
 
 
 def test_leave_one_shape_out_through_validate_reproduces_the_fit_s_held_out_error(tmp_path: Path) -> None:
     # fit per_slot on three shapes, validate the fourth, each in turn: pooled, the errors the fit itself
     # reports as leave-one-shape-out (two independent paths to the same numbers)
-    from moesim.hw_profiles.calibrate import fit_profile
+    from moesim.hw_profiles.fitting.calibrate import fit_profile
     from moesim.hw_profiles.schema import write_profile
-    from moesim.sim.validate_metrics import time_errors
+    from moesim.sim.validate.metrics import time_errors
 
     table = pl.read_parquet(H200).filter(pl.col("kernel") == "per_slot")
     predictions = []

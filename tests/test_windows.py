@@ -19,8 +19,8 @@ from moesim.kernels.windows import (
     window_features,
 )
 from moesim.models import load_preset
-from moesim.tracegen.schema import TraceGeometry
-from moesim.tracegen.synth import Uniform
+from moesim.tracegen.formats.schema import TraceGeometry
+from moesim.tracegen.routing.synth import Uniform
 
 routing = st.fixed_dictionaries(
     {

@@ -1,8 +1,8 @@
 """Built-in profiles (TOML files in `profiles/`) and `load_profile`.
 
 `nvidia-h200` is fitted from `data/h200/calibration.parquet` by the command in docs/profiles.md;
-every other built-in is that profile scaled to a catalog device (`derive.profile_for_device`).
-`python -m moesim.hw_profiles.regenerate` rewrites the scaled files from the shipped H200 profile.
+every other built-in is that profile scaled to a catalog device (`fitting.derive.profile_for_device`).
+`python -m moesim.hw_profiles.fitting.regenerate` rewrites the scaled files from the shipped H200 profile.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 
 from moesim.errors import InputError
 from moesim.hw_profiles.catalog import catalog
-from moesim.hw_profiles.derive import profile_for_device
 from moesim.hw_profiles.profile import HardwareProfile
-from moesim.hw_profiles.schema import profile_to_toml, read_profile
+from moesim.hw_profiles.schema import read_profile
 
 CALIBRATED = "nvidia-h200"
 
 
-def _profiles_dir() -> Path:
+def profiles_dir() -> Path:
+    """The folder of the built-in profile files."""
     return Path(str(resources.files("moesim.hw_profiles").joinpath("profiles")))
 
 
@@ -33,25 +33,8 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A built-in profile by name, or a profile TOML file by path."""
     text = str(name_or_path)
     if text in builtin_names():
-        return read_profile(_profiles_dir() / f"{text}.toml")
+        return read_profile(profiles_dir() / f"{text}.toml")
     path = Path(text)
     if path.suffix == ".toml" or path.exists():
         return read_profile(path)
     raise InputError(f"unknown hardware profile '{text}' (built-in: {', '.join(builtin_names())}; or give a .toml path)")
-
-
-def scaled_builtins(base: HardwareProfile) -> dict[str, HardwareProfile]:
-    """Every non-calibrated built-in, scaled from the calibrated base."""
-    specs = catalog()
-    return {key: profile_for_device(base, spec, specs[CALIBRATED]) for key, spec in specs.items() if key != CALIBRATED}
-
-
-def regenerate(directory: Path | None = None) -> list[Path]:
-    """Rewrite the scaled built-in TOML files from the shipped calibrated profile."""
-    directory = directory or _profiles_dir()
-    written = []
-    for key, profile in scaled_builtins(load_profile(CALIBRATED)).items():
-        path = directory / f"{key}.toml"
-        path.write_text(profile_to_toml(profile))
-        written.append(path)
-    return written

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
+from moesim.hw_profiles.builtin import builtin_names, load_profile
 from moesim.hw_profiles.families import ExpertFamily
 from moesim.hw_profiles.heldout import ErrorStats
 from moesim.hw_profiles.profile import HardwareProfile
@@ -102,3 +103,21 @@ def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
         "source_rows": [{"id": key, "kind": source.kind, "backs": source.label()} for key, source in profile.sources.items()],
         "notes": list(profile.all_notes()),
     }
+
+
+def builtin_entries() -> list[dict[str, Any]]:
+    """One entry per built-in profile: name, device, backend, status, peak bandwidth, families."""
+    entries = []
+    for profile_name in builtin_names():
+        profile = load_profile(profile_name)
+        entries.append(
+            {
+                "name": profile.name,
+                "device": profile.device.name,
+                "backend": profile.device.backend,
+                "status": profile.status,
+                "peak_bandwidth_gbps": profile.roofline.peak_bandwidth_gbps,
+                "families": list(profile.families),
+            }
+        )
+    return entries

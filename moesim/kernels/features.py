@@ -33,7 +33,18 @@ class RoutingFeatures:
         """Common shape of the fields."""
         return self.n_tokens.shape
 
-    @property
-    def mean_tokens_per_expert(self) -> np.ndarray:
-        """Slots per distinct expert: how many tokens share one expert on average."""
-        return self.slots / self.distinct_experts
+
+def uniform_distinct_experts(n_tokens: np.ndarray | float, experts: int, top_k: int) -> np.ndarray:
+    """Expected distinct experts of n tokens under independent uniform routing: E·(1 − (1 − K/E)^n)."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** np.asarray(n_tokens, np.float64))
+
+
+def consecutive_runs(values: list[int] | tuple[int, ...]) -> list[tuple[int, int]]:
+    """Runs of consecutive integers in sorted distinct values: [1, 2, 3, 5] -> [(1, 3), (5, 5)]."""
+    runs: list[tuple[int, int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    return runs

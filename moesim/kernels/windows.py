@@ -423,7 +423,7 @@ def summarize_windows(
     """Distribution of U and M over every window of n = 1..max_pass rows and every layer.
 
     Only windows whose last row is >= `count_from` are counted: for a chunk of
-    `moesim.tracegen.trace.iter_chunks`, pass its `new_from` and merge the chunks' summaries.
+    `moesim.tracegen.formats.trace.iter_chunks`, pass its `new_from` and merge the chunks' summaries.
     `parallel` splits the rows over Numba's threads (same result).
     """
     starts = check_routing(experts, seq_starts, n_experts)

@@ -14,10 +14,10 @@ import polars as pl
 
 from moesim.atomic import atomic_dir
 from moesim.models import load_preset
-from moesim.sim.passbytes import pass_bytes_table, tokens_per_expert_table
-from moesim.sim.report import write_report
-from moesim.tracegen.synth import Sticky, synthesize
-from moesim.tracegen.trace import Trace, write_trace
+from moesim.sim.cost.passbytes import pass_bytes_table, tokens_per_expert_table
+from moesim.sim.report.page import write_report
+from moesim.tracegen.formats.trace import Trace, write_trace
+from moesim.tracegen.routing.synth import Sticky, synthesize
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ def _bytes_section(trace: Trace, max_pass: int) -> DemoSection:
 def _speculation_section(config: DemoConfig) -> DemoSection:
     """Static draft lengths against Cascade at batch 1 on two workloads, simulated on the
     trace-driven step-time model (the demo's trace on the calibrated H200 profile)."""
-    from moesim.sim.simconfig import config_from_dict
-    from moesim.sim.simulate import run_study
+    from moesim.sim.serving.config import config_from_dict
+    from moesim.sim.serving.run import run_study
 
     study = config_from_dict(
         {
@@ -168,12 +168,13 @@ def _recorded_section() -> DemoSection:
     """A tiny MoE model built on the fly, prompts run through llama.cpp, its routing per layer."""
     import tempfile
 
+    from moesim.kernels.features import uniform_distinct_experts
     from moesim.kernels.locality import mean_distinct_experts
-    from moesim.tracegen.gguf_builder import TinyModelSpec, build_tiny_model
-    from moesim.tracegen.prompts import prompts_from_texts
-    from moesim.tracegen.recorder import RecordConfig, record_trace
-    from moesim.tracegen.summary import summarize_trace
-    from moesim.tracegen.trace import read_trace
+    from moesim.tracegen.formats.summary import summarize_trace
+    from moesim.tracegen.formats.trace import read_trace
+    from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_tiny_model
+    from moesim.tracegen.llamacpp.prompts import prompts_from_texts
+    from moesim.tracegen.llamacpp.recorder import RecordConfig, record_trace
 
     spec = TinyModelSpec(arch="qwen3moe", layers=4, experts=16, top_k=4, hidden=64, expert_ff=32)
     with tempfile.TemporaryDirectory(prefix="moesim-demo-") as tmp:
@@ -183,7 +184,7 @@ def _recorded_section() -> DemoSection:
         trace = read_trace(Path(tmp) / "t.arrow")
     summary = summarize_trace(trace)
     distinct = mean_distinct_experts(trace.experts, trace.seq_starts, spec.experts, 8)
-    uniform = [spec.experts * (1 - (1 - spec.top_k / spec.experts) ** n) for n in (4, 8)]
+    uniform = [float(uniform_distinct_experts(n, spec.experts, spec.top_k)) for n in (4, 8)]
     table = pl.DataFrame(
         {
             "layer": summary.moe_layers,
@@ -211,9 +212,10 @@ DEMO_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 def _best_draft_section(trace: Trace, config: DemoConfig) -> DemoSection:
     """Best draft length and speedup at a few acceptance rates on the calibrated H200 profile (issue 6)."""
     from moesim.hw_profiles import load_profile
-    from moesim.sim.analysis import Scenario, best_draft_analysis
-    from moesim.sim.drafters import make_drafter
-    from moesim.sim.steptime import StepTimeModel
+    from moesim.sim.analysis.best_draft import best_draft_analysis
+    from moesim.sim.analysis.scenario import Scenario
+    from moesim.sim.cost.drafters import make_drafter
+    from moesim.sim.cost.steptime import StepTimeModel
 
     preset = load_preset(config.model)
     profile = load_profile("nvidia-h200")
@@ -264,9 +266,9 @@ seed = {seed}
 
 def _sweep_section(config: DemoConfig, folder: Path) -> DemoSection:
     """A sweep beyond the measured grid (issue 8) on the demo's model and routing: sweep.toml and sweep.parquet in `folder`."""
-    from moesim.sim.report import best_draft_summary
-    from moesim.sim.sweep import run_sweep
-    from moesim.sim.sweepconfig import load_config
+    from moesim.sim.report.page import best_draft_summary
+    from moesim.sim.sweep.config import load_config
+    from moesim.sim.sweep.run import run_sweep
 
     path = folder / "sweep.toml"
     path.write_text(DEMO_SWEEP.format(**dataclasses.asdict(config)))

@@ -31,7 +31,7 @@ from moesim.errors import InputError
 from moesim.hw_profiles.microbench.llamacpp_kernels import LLAMACPP_BACKENDS, llamacpp_family
 from moesim.hw_profiles.microbench.routing import pass_features, routing_ids
 from moesim.hw_profiles.microbench.table import MoeShape, TimingSummary, measurement_row
-from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.features import RoutingFeatures, uniform_distinct_experts
 from moesim.models import WEIGHT_FORMATS
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -110,7 +110,7 @@ def backend_of(backend_name: str) -> str:
 @cache
 def expected_uniform_features(n_tokens: int, experts: int, top_k: int, seed: int) -> tuple[RoutingFeatures, float]:
     """Rounded expected features of independent uniform top-k routing, and the exact E[U]."""
-    expected_distinct = experts * (1 - (1 - top_k / experts) ** n_tokens)
+    expected_distinct = float(uniform_distinct_experts(n_tokens, experts, top_k))
     loads = [
         int(pass_features(routing_ids("uniform", n_tokens, experts, top_k, seed + i), experts).max_tokens_per_expert)
         for i in range(EXPECTATION_DRAWS)

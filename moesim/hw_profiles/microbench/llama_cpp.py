@@ -51,11 +51,21 @@ from typing import Any
 import numpy as np
 
 from moesim.errors import ConfigError, InputError
+from moesim.fields import option
 from moesim.hw_profiles.microbench.llamacpp_kernels import llamacpp_family
-from moesim.hw_profiles.microbench.routing import DEFAULT_PASS_SIZES, ROUTINGS, pass_features, routing_ids, routing_seed
+from moesim.hw_profiles.microbench.routing import (
+    DEFAULT_PASS_SIZES,
+    ROUTINGS,
+    pass_features,
+    pass_sizes_option,
+    routing_ids,
+    routing_seed,
+    routings_option,
+)
 from moesim.hw_profiles.microbench.table import MoeShape, TimingSummary, cpu_facts, measurement_row
 from moesim.kernels.features import RoutingFeatures
-from moesim.tracegen.gguf_builder import (
+from moesim.models import load_preset
+from moesim.tracegen.llamacpp.gguf_builder import (
     BYTE_TOKENS_START,
     MAX_VOCAB,
     MIN_VOCAB,
@@ -64,7 +74,7 @@ from moesim.tracegen.gguf_builder import (
     expert_weight_bytes,
     model_bytes,
 )
-from moesim.tracegen.llama_engine import LlamaContext, LlamaModel, RoutingCapture, default_threads, engine_version
+from moesim.tracegen.llamacpp.runtime import LlamaContext, LlamaModel, RoutingCapture, default_threads, engine_version
 
 DEFAULT_SHAPE = MoeShape("deepseek-v2-lite", hidden=2048, expert_intermediate=1408, experts=64, top_k=6, weight_format="F16")
 MODELS = ("moe_L", "moe_2L", "dense_L", "dense_2L")
@@ -78,19 +88,19 @@ class LlamaBenchConfig:
     """What one llama.cpp microbenchmark run builds and measures."""
 
     shape: MoeShape = DEFAULT_SHAPE
-    layers: int = 1
-    heads: int = 16
-    kv_heads: int = 1
-    pass_sizes: tuple[int, ...] = DEFAULT_PASS_SIZES
-    routings: tuple[str, ...] = ROUTINGS
-    reps: int = 9
-    warmup: int = 2
-    prefix: int = 32
-    n_threads: int = 0
-    subtract_attention: bool = True
-    per_slot_max_tokens: int | None = None
-    statistic: str = "median"
-    seed: int = 0
+    layers: int = option(1, "L: models with L and 2L MoE layers are differenced.")
+    heads: int = option(16, "Attention heads of the built models.")
+    kv_heads: int = option(1, "KV heads of the built models.")
+    pass_sizes: tuple[int, ...] = pass_sizes_option(DEFAULT_PASS_SIZES)
+    routings: tuple[str, ...] = routings_option()
+    reps: int = option(9, "Timed repetitions per pass and model (medians differenced).")
+    warmup: int = option(2, "Discarded warm-up repetitions.")
+    prefix: int = option(32, "Tokens prefilled before the timed passes.")
+    n_threads: int = option(0, "Decode threads (0: every CPU this process may use).", name="--threads")
+    subtract_attention: bool = option(True, "Subtract the attention layer time measured on dense twins.")
+    per_slot_max_tokens: int | None = option(None, "Largest pass size run per-slot (default: per backend).")
+    statistic: str = option("median", "Per-model statistic differenced: median, or min on a shared machine.")
+    seed: int = option(0, "Random seed (weights, routings).")
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -425,6 +435,11 @@ def _shape_provenance(
         "elapsed_s": round(time.monotonic() - started, 1),
         "failures": failures,
     }
+
+
+def preset_shapes(models: list[str] | None, weight_format: str, overrides: dict[str, int | None]) -> list[MoeShape]:
+    """The expert shapes of model presets (default deepseek-v2-lite) in a weight format, with fields overridden."""
+    return [MoeShape.from_preset(load_preset(m), weight_format).with_overrides(**overrides) for m in models or [DEFAULT_SHAPE.model]]
 
 
 def run_llamacpp_shapes(

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from moesim.errors import InputError
-from moesim.kernels.features import RoutingFeatures
+from moesim.fields import option
+from moesim.kernels.features import RoutingFeatures, consecutive_runs
 
 ROUTINGS = ("same", "uniform", "distinct")
 
@@ -115,3 +117,19 @@ def parse_pass_sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise InputError(f"pass sizes must be integers >= 1, got '{text}'")
     return tuple(sorted(sizes))
+
+
+def format_pass_sizes(sizes: tuple[int, ...]) -> str:
+    """(1, ..., 16, 24, 32) -> '1-16,24,32' (the inverse of `parse_pass_sizes`)."""
+    runs = consecutive_runs(sorted(set(sizes)))
+    return ",".join(f"{lo}-{hi}" if hi > lo + 1 else ",".join(map(str, range(lo, hi + 1))) for lo, hi in runs)
+
+
+def pass_sizes_option(default: tuple[int, ...]) -> Any:
+    """The pass sizes of a microbenchmark config, written on a command line as e.g. 1-16,24,32."""
+    return option(default, "Tokens per pass, e.g. 1-16,24,32.", parse=parse_pass_sizes, show=format_pass_sizes)
+
+
+def routings_option() -> Any:
+    """The routings of a microbenchmark config (all by default), one --routing per value."""
+    return option(ROUTINGS, "same, uniform, distinct (repeatable; default all).", repeat="--routing")

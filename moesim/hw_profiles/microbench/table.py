@@ -20,15 +20,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from moesim.atomic import atomic_path
+from moesim.atomic import atomic_path, check_out_dir
 from moesim.errors import InputError
-from moesim.hw_profiles.measurements import is_family, load_measurements
+from moesim.hw_profiles.measurements.table import DEVICE_NAME, PROVENANCE_NAME, TABLE_NAME, is_family, load_measurements
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape, ModelPreset
-
-TABLE_NAME = "measurements.parquet"
-PROVENANCE_NAME = "provenance.json"
-DEVICE_NAME = "device.json"
 
 # Column order of a runner's table: the contract's columns first, then the runner's own.
 COLUMNS = (
@@ -154,19 +150,6 @@ def rows_to_frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
     return frame.select(ordered + [c for c in frame.columns if c not in ordered])
 
 
-def prepare_out_dir(out_dir: Path) -> Path:
-    """Check (before any measuring) that the output folder can be created or written."""
-    parent = out_dir.parent if str(out_dir.parent) else Path(".")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir}: output folder path is a file")
-    if not parent.is_dir():
-        raise InputError(f"{out_dir}: output folder's parent {parent} does not exist")
-    target = out_dir if out_dir.is_dir() else parent
-    if not os.access(target, os.W_OK):
-        raise InputError(f"{out_dir}: output folder is not writable")
-    return out_dir
-
-
 def write_measurements(
     rows: Sequence[Mapping[str, Any]], out_dir: Path, provenance: Mapping[str, Any], device: Mapping[str, Any] | None = None
 ) -> Path:
@@ -175,7 +158,7 @@ def write_measurements(
     into `out_dir`, each atomically; the table is checked against contract 3 before it replaces an
     older one. Returns the table's path."""
     frame = rows_to_frame(rows)
-    prepare_out_dir(out_dir)
+    check_out_dir(out_dir)
     out_dir.mkdir(exist_ok=True)
     table = out_dir / TABLE_NAME
     for name, payload in ((PROVENANCE_NAME, provenance), (DEVICE_NAME, device)):
@@ -221,3 +204,14 @@ def cpu_facts() -> dict[str, Any]:
         first = meminfo.read_text().splitlines()[0].split()
         facts["memory_gib"] = round(int(first[1]) / 2**20, 1)
     return facts
+
+
+def rows_summary(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+    """Rows per kernel family and engine with their smallest and largest pass size."""
+    n_tokens = pl.col("n_tokens")
+    summary = (
+        pl.DataFrame(rows)
+        .group_by("kernel", "engine")
+        .agg(pl.len().alias("rows"), n_tokens.min().alias("n_min"), n_tokens.max().alias("n_max"))
+    )
+    return summary.sort("kernel", "engine")

@@ -39,17 +39,22 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from moesim.errors import ConfigError, InputError
+from moesim.fields import option
 from moesim.hw_profiles.microbench.routing import (
     ROUTINGS,
     expert_plan,
     gate_weights,
     pass_features,
+    pass_sizes_option,
     routing_ids,
     routing_seed,
+    routings_option,
 )
 from moesim.hw_profiles.microbench.table import MoeShape, cpu_facts, measurement_row, summarize_times
 from moesim.models import load_preset
+from moesim.registry import Registry
 
+DEFAULT_MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b")  # expert shapes measured when none is named
 TORCH_PASS_SIZES = (*range(1, 17), 24, 32, 48, 64, 96, 128)
 TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 CHECK_TOLERANCE = 3e-2  # max |y − ref| / max |ref| allowed for bf16 outputs
@@ -68,17 +73,21 @@ def import_torch() -> Any:
 class TorchBenchConfig:
     """What one torch microbenchmark run measures."""
 
-    pass_sizes: tuple[int, ...] = TORCH_PASS_SIZES
-    routings: tuple[str, ...] = ROUTINGS
-    engines: tuple[str, ...] = ("torch_slot_graph", "torch_expert_graph", "torch_grouped_mm", "torch_loop")
-    reps: int = 30
-    loop_reps: int = 10
-    warmup: int = 5
-    layers: int = 4
-    seed: int = 0
-    device: str = "cuda"
-    dtype: str = "bf16"
-    max_seconds: float = 200.0
+    pass_sizes: tuple[int, ...] = pass_sizes_option(TORCH_PASS_SIZES)
+    routings: tuple[str, ...] = routings_option()
+    engines: tuple[str, ...] = option(
+        ("torch_slot_graph", "torch_expert_graph", "torch_grouped_mm", "torch_loop"),
+        "Engines to time (repeatable; default all).",
+        repeat="--engine",
+    )
+    reps: int = option(30, "Timed repetitions per point (median reported).")
+    loop_reps: int = option(10, "Timed repetitions of the eager loop engine (slow: fewer).")
+    warmup: int = option(5, "Discarded warm-up repetitions.")
+    layers: int = option(4, "Weight copies rotated so weights come from memory, not cache.")
+    seed: int = option(0, "Random seed (routings, weights).")
+    device: str = option("cuda", "cuda, cuda:N, or cpu (tests the code path; not a calibration).")
+    dtype: str = option("bf16", "Weight format: bf16, f16, f32.", name="--format", parse=str.lower, show=str)
+    max_seconds: float = option(200.0, "Stop before the next pass size after this many seconds.")
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -94,7 +103,7 @@ class TorchBenchConfig:
                 raise ConfigError(f"torch microbench: unknown routing '{routing}' (known: {', '.join(ROUTINGS)})")
         for engine in self.engines:
             if engine not in ENGINES:
-                raise ConfigError(f"torch microbench: unknown engine '{engine}' (known: {', '.join(ENGINES)})")
+                raise ConfigError(f"torch microbench: {ENGINES.unknown(engine)}")
         if self.dtype not in TORCH_DTYPES:
             raise ConfigError(f"torch microbench: unknown dtype '{self.dtype}' (known: {', '.join(TORCH_DTYPES)})")
         if self.device not in ("cuda", "cpu") and not self.device.startswith("cuda:"):
@@ -169,13 +178,7 @@ class TorchEngine(Protocol):
         ...
 
 
-ENGINES: dict[str, type[TorchEngine]] = {}
-
-
-def register_engine(cls: type[TorchEngine]) -> type[TorchEngine]:
-    """Class decorator: make an engine available by its `name`."""
-    ENGINES[cls.name] = cls
-    return cls
+ENGINES: Registry[TorchEngine] = Registry("torch engine")
 
 
 def _experts_by_group(torch: Any, w: LayerWeights, rows: Any, groups: list[tuple[int, int, int]]) -> Any:
@@ -196,7 +199,7 @@ def _combine_sorted(torch: Any, x: Any, out: Any, p: DevicePass) -> Any:
     return torch.zeros_like(x).index_add_(0, p.sorted_tokens, out * p.sorted_weights[:, None])
 
 
-@register_engine
+@ENGINES.register
 class SlotGraph:
     """Per-slot: one GEMV per token slot for gate+up and one for down."""
 
@@ -210,7 +213,7 @@ class SlotGraph:
         return (out * p.slot_weights[:, None]).view(p.n_tokens, p.top_k, -1).sum(dim=1)
 
 
-@register_engine
+@ENGINES.register
 class ExpertGraph:
     """Deduplicating: one GEMM per distinct expert over its tokens."""
 
@@ -224,7 +227,7 @@ class ExpertGraph:
         return _combine_sorted(torch, x, out, p)
 
 
-@register_engine
+@ENGINES.register
 class GroupedMM:
     """Deduplicating: torch grouped_mm over expert-sorted tokens (CUTLASS on CUDA)."""
 
@@ -241,7 +244,7 @@ class GroupedMM:
         return _combine_sorted(torch, x, out, p)
 
 
-@register_engine
+@ENGINES.register
 class HFLoop:
     """Deduplicating, eager: the Hugging Face per-expert loop with host synchronisations."""
 
@@ -399,7 +402,7 @@ class _Run:
         self.device = torch.device(config.device)
         self.dtype = getattr(torch, TORCH_DTYPES[config.dtype])
         self.weights = {s.model: _random_layers(torch, s, config.layers, self.device, self.dtype) for s in shapes}
-        self.engines = {name: ENGINES[name]() for name in config.engines}
+        self.engines = {name: ENGINES.create(name) for name in config.engines}
         self.dropped: set[tuple[str, str]] = set()
         self.checks: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
@@ -492,7 +495,7 @@ def run_torch_microbench(
         "device": facts,
         "command": " ".join(sys.argv),
         "measured_at": time.strftime("%Y-%m-%d"),
-        "engines": {name: ENGINES[name].family for name in config.engines},
+        "engines": {name: ENGINES.get(name).family for name in config.engines},
         "checks": run.checks,
         "failures": run.failures,
     }

@@ -1,0 +1,69 @@
+"""The `moesim` command line: parses arguments, calls the packages, renders results.
+
+No logic of its own: one module per command group (`trace`, `analysis`, `profile`, `microbench`,
+`simulate`, `validate`, `sweep`, `demo`), rendering in `render`, options generated from config
+dataclasses and the old spellings of renamed options in `options`. Every MoesimError becomes one
+line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from moesim.cli import analysis, demo, microbench, profile, simulate, sweep, trace, validate
+from moesim.cli.options import rename_old_spellings
+from moesim.cli.render import err_console, line
+from moesim.errors import MoesimError
+
+app = typer.Typer(
+    name="moesim",
+    help="Trace-driven simulation of speculative decoding on Mixture-of-Experts LLMs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command()(demo.demo)
+app.command()(simulate.simulate)
+app.command("bytes")(analysis.bytes_command)
+app.command("predict")(analysis.predict_command)
+app.command("best-draft")(analysis.best_draft_command)
+app.command("crossover")(analysis.crossover_command)
+app.command("batch")(analysis.batch_command)
+app.command("validate")(validate.validate_command)
+app.command("sweep")(sweep.sweep_command)
+app.command("report")(sweep.report_command)
+app.add_typer(trace.app, name="trace")
+app.add_typer(profile.app, name="profile")
+app.add_typer(microbench.app, name="microbench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 bad input or usage, 130 interrupted)."""
+    args = rename_old_spellings(sys.argv[1:] if argv is None else list(argv))
+    try:
+        code = app(args=args, prog_name="moesim", standalone_mode=False)  # a command's typer.Exit(n) returns n here
+    except MoesimError as exc:
+        return _error_line(str(exc))
+    except typer.TyperException as exc:  # usage errors: a missing or malformed option, an unknown command
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a group called without a command: its help, already shown
+            return 0
+        return _error_line(f"{exc.format_message()} (see 'moesim --help')")  # type: ignore[attr-defined]
+    except typer.Exit as exc:
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("moesim: interrupted")
+        return 130
+    return code if isinstance(code, int) else 0
+
+
+def _error_line(message: str) -> int:
+    """Bad input or usage: one line on stderr, exit code 2."""
+    line(f"moesim: error: {' '.join(message.split())}")
+    return 2
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

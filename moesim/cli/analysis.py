@@ -1,0 +1,165 @@
+"""The closed-form commands: `bytes`, `predict`, `best-draft`, `crossover`, `batch`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from moesim.cli.render import console, emit_json, print_json, render_table
+
+TraceOpt = Annotated[Path, typer.Option("--trace", help="Routing trace (Arrow IPC) whose windows the passes replay.")]
+ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in hardware profile name or a profile TOML path.")]
+EngineOpt = Annotated[str, typer.Option("--engine", help="per_slot, any dedup family of the profile, or best.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Target preset (default: the trace's model).")]
+DrafterOpt = Annotated[str, typer.Option("--drafter", help="ngram, eagle, fixed:US (µs per draft step), or a dense preset.")]
+FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format (default: the trace's).")]
+ContextOpt = Annotated[int, typer.Option("--context-tokens", help="KV tokens per sequence at the pass.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
+def _scenario(trace: Path, profile: str, engine: str, model: str | None, drafter: str, weight_format: str | None, context: int) -> Any:
+    from moesim.sim.analysis.scenario import load_scenario
+
+    return load_scenario(trace, profile, engine, model, drafter, weight_format, context)
+
+
+def _provenance_line(share: dict[str, float]) -> str:
+    return ", ".join(f"{100 * v:.0f} % {k}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
+
+
+def bytes_command(
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n, 1..64.")] = 16,
+    batch: Annotated[int, typer.Option(help="Sequences verified together: union of B·n slots (B > 1 reads the whole trace).")] = 1,
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format of the byte figures (default: the trace's).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Distinct experts, tokens per expert and expert bytes per pass of n tokens: per-slot vs dedup."""
+    from moesim.sim.cost.passbytes import bytes_report
+
+    report = bytes_report(trace, max_pass, batch, weight_format)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console.print(
+        f"[bold]{trace}[/bold]: model {report.model}, {len(report.moe_layers)} MoE layers, top-{report.top_k} of {report.experts} experts; "
+        f"one expert = {report.bytes.expert_bytes / 1e6:.2f} MB ({report.bytes.source}); batch {report.batch}"
+    )
+    render_table(
+        report.display_table(),
+        title=f"Per pass of n tokens{'' if report.batch == 1 else f' per sequence, {report.batch} sequences'}",
+        caption=f"{report.windows}. Distinct experts U per MoE layer (mean, p10/p50/p90 over windows and layers; "
+        "uniform = E(1-(1-k/E)^(B·n))); byte_share u = U/(B·n·k); max tokens per expert M; bytes per pass summed over MoE layers",
+    )
+    render_table(report.per_layer_table(), title="Byte share u(n) per MoE layer")
+
+
+def predict_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    engine: EngineOpt = "per_slot",
+    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n (1..64).")] = 16,
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    context_tokens: ContextOpt = 512,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pass time T(n) per pass size, expected over the trace's windows, with intervals from held-out error."""
+    from moesim.sim.analysis.predict import predict
+
+    result = predict(_scenario(trace, profile, engine, model, "ngram", weight_format, context_tokens), max_pass)
+    if emit_json(result, as_json):
+        return
+    render_table(
+        result.table(),
+        title=f"Pass time T(n), engine {result.engine}, profile {profile}",
+        caption=f"interval = each family's held-out ε (expert ±{100 * result.cost.expert_epsilon:.1f} %, "
+        f"dense ±{100 * result.cost.dense_epsilon:.1f} %); time rests on: {_provenance_line(result.cost.provenance_share())}",
+    )
+
+
+def best_draft_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    alpha: Annotated[list[float], typer.Option("--alpha", help="Acceptance rate(s) in [0, 1] (repeatable).")],
+    max_draft: Annotated[int, typer.Option("--max-draft", help="Largest draft length k.")] = 8,
+    engine: EngineOpt = "per_slot",
+    drafter: DrafterOpt = "ngram",
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    context_tokens: ContextOpt = 512,
+    as_json: JsonOpt = False,
+) -> None:
+    """Best draft length k*(α) and its speedup, with intervals, the staircase and break-even acceptances."""
+    from moesim.sim.analysis.best_draft import best_draft_analysis
+
+    result = best_draft_analysis(_scenario(trace, profile, engine, model, drafter, weight_format, context_tokens), alpha, max_draft)
+    if emit_json(result, as_json):
+        return
+    render_table(
+        result.table(),
+        title=f"Best draft length, engine {engine}, drafter {drafter}, profile {profile}",
+        caption="best_draft_range: the best k over the corners of the error box (ambiguous when it spans several)",
+    )
+    steps = ", ".join(f"k={k} from α={a:.3f}" for a, k in result.steps)
+    console.print(f"staircase: {steps}")
+
+
+def crossover_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    dedup_family: Annotated[str, typer.Option("--dedup-family", help="The deduplicating family compared with per_slot.")] = "dedup",
+    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n (1..64).")] = 32,
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where deduplicating expert reads wins: u(n), r(n), the crossover and the whole win set."""
+    from moesim.sim.analysis.crossover import crossover_analysis
+
+    result = crossover_analysis(_scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0), dedup_family, max_pass)
+    if emit_json(result, as_json):
+        return
+    render_table(
+        result.table(),
+        title=f"per_slot vs {dedup_family} expert time per MoE pass, profile {profile}",
+        caption="dedup wins at n iff T_dedup(n) < T_per_slot(n), i.e. u(n) < r(n)",
+    )
+    console.print(
+        f"crossover n = {result.crossover_n} (range over the error box {result.crossover_range}); dedup wins at {result.dedup_wins}; "
+        f"uniform routing: crossover {result.uniform_crossover_n}"
+    )
+
+
+def batch_command(
+    trace: TraceOpt,
+    profile: ProfileOpt,
+    alpha: Annotated[float, typer.Option("--alpha", help="Acceptance rate in [0, 1].")],
+    draft_len: Annotated[int, typer.Option("--draft-len", help="Draft length k (>= 1).")],
+    batch: Annotated[str, typer.Option("--batch", help="Batch sizes, comma-separated.")] = "1,2,4,8,16,32",
+    engine: EngineOpt = "per_slot",
+    drafter: DrafterOpt = "ngram",
+    moesd_slots: Annotated[
+        bool, typer.Option("--moesd-slots", help="Verify γ = k slots per sequence (MoESD's convention) instead of k + 1.")
+    ] = False,
+    routing: Annotated[str, typer.Option("--routing", help="trace, or uniform (N(t) of independent uniform routing).")] = "trace",
+    model: ModelOpt = None,
+    weight_format: FormatOpt = None,
+    context_tokens: ContextOpt = 512,
+    as_json: JsonOpt = False,
+) -> None:
+    """Speedup and MoESD target efficiency T(B,1)/T(B,k+1) vs batch size."""
+    from moesim.sim.analysis.batch import batch_analysis, parse_batch_sizes
+
+    sizes = parse_batch_sizes(batch)
+    scenario = _scenario(trace, profile, engine, model, drafter, weight_format, context_tokens)
+    result = batch_analysis(scenario, alpha, draft_len, sizes, moesd_slots, routing)
+    if emit_json(result, as_json):
+        return
+    render_table(
+        result.table(),
+        title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), engine {engine}",
+        caption="target_efficiency = T(B,1)/T(B,v) (MoESD); speedup = τ(k,α)·T(B,1)/(T_draft + T(B,k+1))",
+    )

@@ -1,0 +1,98 @@
+"""`moesim microbench ...`: measurement tables (contract 3) through torch, llama.cpp, or llama.cpp's own
+`test-backend-ops` output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from moesim.atomic import check_out_dir
+from moesim.cli.options import config_options, from_options
+from moesim.cli.render import console, render_table, say
+from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig
+from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig
+
+app = typer.Typer(help="Microbenchmarks of one MoE layer's expert operation; each writes a measurement table.", no_args_is_help=True)
+
+OutOpt = Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")]
+
+
+def _report_table(path: Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> None:
+    from moesim.hw_profiles.microbench.table import rows_summary
+
+    summary = rows_summary(rows)
+    render_table(summary)
+    console.print(f"wrote {path} ({sum(summary['rows'])} rows) and {path.parent / 'provenance.json'}", soft_wrap=True)
+    for failure in provenance.get("failures", []):
+        say(f"warning: {failure['engine']} on {failure['model']} dropped: {failure['error']}")
+    if "stopped_early" in provenance:
+        say(f"warning: time budget used up before n = {provenance['stopped_early']['before_n_tokens']}")
+
+
+@app.command("torch")
+@config_options(TorchBenchConfig)
+def microbench_torch(
+    out: OutOpt,
+    model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is measured (repeatable).")] = None,
+    **options: Any,
+) -> None:
+    """Time per-slot and deduplicating expert kernels through torch (CUDA graphs) and write a table."""
+    from moesim.hw_profiles.microbench.table import write_measurements
+    from moesim.hw_profiles.microbench.torch_cuda import DEFAULT_MODELS, run_torch_microbench, torch_shapes
+
+    config = TorchBenchConfig(**from_options(TorchBenchConfig, options))
+    config.validate()
+    shapes = torch_shapes(model or list(DEFAULT_MODELS), config.dtype)
+    check_out_dir(out)
+    result = run_torch_microbench(config, shapes, progress=say)
+    path = write_measurements(result.rows, out, result.provenance, result.device)
+    _report_table(path, result.rows, result.provenance)
+
+
+@app.command("llama-cpp")
+@config_options(LlamaBenchConfig)
+def microbench_llama_cpp(
+    out: OutOpt,
+    model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is built (repeatable).")] = None,
+    weight_format: Annotated[str, typer.Option("--format", help="Weight format of the built models: F16 or F32.")] = "F16",
+    experts: Annotated[int | None, typer.Option(help="Override the preset's routed experts.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Override the preset's top-k.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Override the preset's hidden size.")] = None,
+    expert_intermediate: Annotated[int | None, typer.Option(help="Override the preset's expert width.")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder).")] = None,
+    **options: Any,
+) -> None:
+    """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
+    from moesim.hw_profiles.microbench.llama_cpp import preset_shapes, run_llamacpp_shapes
+    from moesim.hw_profiles.microbench.table import write_measurements
+
+    overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
+    shapes = preset_shapes(model, weight_format, overrides)
+    config = LlamaBenchConfig(**from_options(LlamaBenchConfig, options))
+    check_out_dir(out)
+    result = run_llamacpp_shapes(config, shapes, models_dir, progress=say)
+    path = write_measurements(result.rows, out, result.provenance)
+    _report_table(path, result.rows, result.provenance)
+
+
+@app.command("import-backend-ops")
+def microbench_import_backend_ops(
+    log: Annotated[Path, typer.Argument(help="Console output of `test-backend-ops perf -o MUL_MAT_ID`.")],
+    out: OutOpt,
+    backend: Annotated[str | None, typer.Option(help="cpu, cuda or metal (default: from the log's backend name).")] = None,
+    per_slot_max_tokens: Annotated[
+        int | None, typer.Option(help="Largest pass size run by a per-slot kernel (default: per backend, see docs).")
+    ] = None,
+) -> None:
+    """Turn llama.cpp's MUL_MAT_ID perf cases into a measurement table (one expert matrix x 3 per row)."""
+    from moesim.hw_profiles.microbench.backend_ops import import_backend_ops
+    from moesim.hw_profiles.microbench.table import write_measurements
+
+    check_out_dir(out)
+    result = import_backend_ops(log, backend, per_slot_max_tokens)
+    path = write_measurements(result.rows, out, result.provenance)
+    _report_table(path, result.rows, result.provenance)
+    for type_name, count in result.provenance["skipped_types"].items():
+        say(f"note: {count} cases of type {type_name} skipped (no byte size known for it)")

@@ -1,0 +1,109 @@
+"""`moesim profile fit | list | show | derive`: hardware profiles (contract 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import polars as pl
+import typer
+
+from moesim.cli.render import console, print_json, render_table
+
+app = typer.Typer(help="Hardware profiles: fit from measurements, list, show, derive what-if hardware.", no_args_is_help=True)
+
+
+@app.command("fit")
+def profile_fit(
+    table: Annotated[Path, typer.Argument(help="Measurement table (Parquet or CSV, contract 3).")],
+    out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
+    name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
+    filters: Annotated[list[str] | None, typer.Option("--filter", help="Keep rows where COLUMN=VALUE (repeatable, all must hold).")] = None,
+    device_json: Annotated[Path | None, typer.Option(help="Device facts (default: device.json beside the table, if any).")] = None,
+    backend: Annotated[str | None, typer.Option(help="cuda, metal or cpu, for a device not in the catalog.")] = None,
+    tokens_per_read: Annotated[
+        list[str] | None, typer.Option("--tokens-per-read", help="FAMILY=T: fix a family's tokens per weight read (0, 1, 2^k).")
+    ] = None,
+) -> None:
+    """Fit every kernel family of a measurement table; print held-out errors; write the profile."""
+    from moesim.atomic import check_writable
+    from moesim.hw_profiles.fitting.calibrate import fit_profile, parse_tokens_per_read
+    from moesim.hw_profiles.schema import write_profile
+
+    check_writable(out)
+    fixed = parse_tokens_per_read(tokens_per_read or [])
+    report = fit_profile(table, name or out.stem, filters or [], device_json, backend, fixed)
+    caption = "absolute relative time error in %; shape_out / routing_out = held out; epsilon = default bound (p90 coverage)"
+    render_table(report.summary(), title=f"{report.profile.name}: fitted families ({report.rows} rows)", caption=caption)
+    render_table(report.groups(), title="Held-out error per left-out group")
+    for fit in report.fits:
+        console.print(f"{fit.family.name}: {fit.family.note}", markup=False)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    write_profile(out, report.profile)
+    console.print(f"wrote {out}")
+
+
+@app.command("list")
+def profile_list(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of objects with a 'name'.")] = False) -> None:
+    """List the built-in profiles."""
+    from moesim.hw_profiles.report import builtin_entries
+
+    entries = builtin_entries()
+    if as_json:
+        print_json(entries)
+        return
+    caption = "calibrated = fitted from measurements; datasheet-scaled = the calibrated H200 scaled (uncertain)"
+    render_table(pl.DataFrame(entries).with_columns(pl.col("families").list.join(" ")), title="Built-in hardware profiles", caption=caption)
+
+
+@app.command("show")
+def profile_show(
+    profile: Annotated[str, typer.Argument(help="Built-in profile name or profile TOML path.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    model: Annotated[str, typer.Option(help="Model preset whose expert shape and routing r(n) uses.")] = "deepseek-v2-lite",
+) -> None:
+    """Show a profile: device, roofline, families with fit errors, sources, and r(n) for uniform routing."""
+    from moesim.hw_profiles import load_profile
+    from moesim.hw_profiles.compare import dedup_comparison
+    from moesim.hw_profiles.report import describe_profile
+    from moesim.models import load_preset
+
+    loaded = load_profile(profile)
+    preset = load_preset(model)
+    comparison = dedup_comparison(loaded, preset.expert_shape(), preset.experts, preset.top_k)
+    description = describe_profile(loaded)
+    if as_json:
+        print_json({**description, "r_of_n": {"model": preset.name, "routing": "uniform", "rows": comparison.to_dicts()}})
+        return
+    console.print(f"[bold]{loaded.name}[/bold] ({loaded.status}): {loaded.description}")
+    console.print(description["device_line"], markup=False)
+    caption = "errors in %: shape_out / routing_out = held-out median (p90); epsilon = default relative bound"
+    render_table(pl.DataFrame(description["family_rows"]), title="Families", caption=caption)
+    render_table(pl.DataFrame(description["source_rows"]), title="Sources")
+    for note in loaded.all_notes():
+        console.print(f"note: {note}", markup=False)
+    title = f"Per-slot vs dedup, {preset.name} experts ({preset.expert_shape().weight_format}), uniform routing"
+    caption = "r = BW_dedup / BW_per_slot = u·T_per_slot / T_dedup; dedup is faster where u < r; extrapolated = family x beyond its range"
+    render_table(comparison, title=title, caption=caption)
+
+
+@app.command("derive")
+def profile_derive(
+    base: Annotated[str, typer.Argument(help="Built-in profile name or profile TOML path.")],
+    bandwidth_scale: Annotated[float, typer.Option(help="Multiply every bandwidth by X.")],
+    out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
+    compute_scale: Annotated[float, typer.Option(help="Multiply every FLOP rate by Y.")] = 1.0,
+    fixed_us: Annotated[float | None, typer.Option(help="Fixed time per pass in µs (default: the base's).")] = None,
+    name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
+) -> None:
+    """Write a what-if profile: a base profile with scaled bandwidth and compute."""
+    from moesim.atomic import check_writable
+    from moesim.hw_profiles import load_profile
+    from moesim.hw_profiles.fitting.derive import derive_profile
+    from moesim.hw_profiles.schema import write_profile
+
+    check_writable(out)
+    derived = derive_profile(load_profile(base), name or out.stem, bandwidth_scale, compute_scale, fixed_us)
+    write_profile(out, derived)
+    console.print(f"wrote {out}: {derived.description}")

@@ -1,0 +1,195 @@
+"""`moesim trace ...`: synthesise, inspect, build tiny models, record, speculate, import, fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import polars as pl
+import typer
+
+from moesim.cli.options import config_options, from_options
+from moesim.cli.render import console, interrupted, print_json, progress, render_table
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
+from moesim.tracegen.llamacpp.recorder import RecordConfig
+from moesim.tracegen.llamacpp.speculate import SpeculateConfig
+
+app = typer.Typer(help="Routing traces: synthesise, inspect, record, import.", no_args_is_help=True)
+
+PromptsOpt = Annotated[Path, typer.Option(help="Prompts: text, one per line, or .jsonl with a 'prompt' field.")]
+TINY_SHAPE = (
+    "arch",
+    "layers",
+    "experts",
+    "top_k",
+    "hidden",
+    "expert_ff",
+    "heads",
+    "kv_heads",
+    "vocab",
+    "weight_type",
+    "seed",
+    "leading_dense",
+)
+
+
+@app.command("synth")
+def trace_synth(
+    model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
+    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
+    tokens: Annotated[int, typer.Option(help="Tokens per sequence.")] = 1024,
+    seqs: Annotated[int, typer.Option(help="Number of sequences.")] = 1,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    uniform: Annotated[bool, typer.Option("--uniform", help="Independent uniform routing.")] = False,
+    sticky: Annotated[float | None, typer.Option(help="Keep each expert of the previous token with this probability.")] = None,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (alone: independent tokens; 0 = uniform).")] = 0.0,
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
+    params: Annotated[Path | None, typer.Option(help="Generator parameters (from `trace fit`), mapped onto the preset's layers.")] = None,
+) -> None:
+    """Write a synthetic routing trace for a model preset."""
+    from moesim.models import load_preset
+    from moesim.tracegen.formats.trace import write_trace
+    from moesim.tracegen.routing.synth import generator_from_options, synthesize
+
+    preset = load_preset(model)
+    generator = generator_from_options(preset, uniform, sticky, zipf, params, weight_format)
+    trace = synthesize(preset, generator, tokens, seqs, seed, weight_format)
+    write_trace(out, trace)
+    console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} tokens, generator {generator.name}")
+
+
+@app.command("info")
+def trace_info(
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Summarise a trace: model, sequences, tokens, layers, k, experts used and reuse per layer."""
+    from moesim.tracegen.formats.summary import summarize_trace
+    from moesim.tracegen.formats.trace import read_trace
+
+    summary = summarize_trace(read_trace(trace))
+    if as_json:
+        print_json(summary.to_dict())
+        return
+    console.print(
+        f"[bold]{trace}[/bold]: model {summary.model}, engine {summary.engine} ({summary.backend}), "
+        f"{summary.sequences} sequences, {summary.tokens} tokens ({summary.prompt_tokens} prompt), "
+        f"{len(summary.moe_layers)} MoE layers of {summary.layers}, top-{summary.top_k} of {summary.experts} experts"
+    )
+    render_table(summary.per_layer_table(), title="Per MoE layer", caption="reuse = mean |S_t ∩ S_t+1| / k over consecutive positions")
+
+
+@app.command("tiny-model")
+@config_options(TinyModelSpec, include=TINY_SHAPE, overrides=True)
+def trace_tiny_model(
+    out: Annotated[Path, typer.Option(help="GGUF file to write.")],
+    draft_of: Annotated[Path | None, typer.Option(help="Write a noisy copy of this moesim-built GGUF (a draft model).")] = None,
+    noise: Annotated[float | None, typer.Option(help="With --draft-of: noise added to every weight (0: identical).")] = None,
+    **shape: Any,
+) -> None:
+    """Write a random MoE model as GGUF (100 KB to several GB), or a noisy draft copy of one."""
+    from moesim.tracegen.llamacpp.gguf_builder import expert_weight_bytes
+    from moesim.tracegen.llamacpp.gguf_reader import write_tiny_model
+
+    spec = write_tiny_model(out, from_options(TinyModelSpec, shape, TINY_SHAPE), draft_of, noise)
+    size_mb = out.stat().st_size / 1e6
+    console.print(f"wrote {out}: {spec.model_name}, {size_mb:.2f} MB ({expert_weight_bytes(spec) / 1e6:.2f} MB of routed experts)")
+
+
+@app.command("record")
+@config_options(RecordConfig)
+def trace_record(
+    model: Annotated[Path, typer.Argument(help="GGUF MoE model.")],
+    prompts: PromptsOpt,
+    out: Annotated[Path | None, typer.Option(help="Trace to write (default: MODEL.trace.arrow here).")] = None,
+    **options: Any,
+) -> None:
+    """Record per-token, per-layer expert routing from a GGUF model through llama.cpp."""
+    from moesim.tracegen.llamacpp.prompts import load_prompts
+    from moesim.tracegen.llamacpp.recorder import default_trace_path, kept_after_interrupt, record_trace
+
+    config = RecordConfig(**from_options(RecordConfig, options))
+    prompt_set = load_prompts(prompts)
+    with progress("recording", "positions") as update:
+        result = record_trace(model, prompt_set, out or default_trace_path(model), config, update)
+    if result.interrupted:
+        interrupted(kept_after_interrupt(result.path, result.prompts_done))
+        raise typer.Exit(130)
+    console.print(
+        f"wrote {result.path}: {result.prompts_done} prompts, {result.positions} positions ({result.generated} generated) "
+        f"in {result.seconds:.2f} s ({result.tokens_per_s:.0f} positions/s with routing capture)"
+    )
+
+
+@app.command("speculate")
+@config_options(SpeculateConfig)
+def trace_speculate(
+    target: Annotated[Path, typer.Argument(help="Target GGUF MoE model.")],
+    draft: Annotated[Path, typer.Argument(help="Draft GGUF model (same vocabulary).")],
+    prompts: PromptsOpt,
+    out: Annotated[Path | None, typer.Option(help="Run to write (default: TARGET.spec-kK.arrow here).")] = None,
+    **options: Any,
+) -> None:
+    """Run greedy draft-then-verify decoding through llama.cpp and write a measured speculative run."""
+    from moesim.tracegen.formats.specrun import read_spec_run, spec_run_summary
+    from moesim.tracegen.llamacpp.prompts import load_prompts
+    from moesim.tracegen.llamacpp.recorder import kept_after_interrupt
+    from moesim.tracegen.llamacpp.speculate import default_run_path, speculative_run
+
+    config = SpeculateConfig(**from_options(SpeculateConfig, options))
+    path = out or default_run_path(target, config.draft_len)
+    prompt_set = load_prompts(prompts)
+    with progress("speculating", "steps") as update:
+        result = speculative_run(target, draft, prompt_set, path, config, update)
+    if result.interrupted:
+        interrupted(kept_after_interrupt(result.path, result.prompts_done))
+        raise typer.Exit(130)
+    summary = spec_run_summary(read_spec_run(path))
+    console.print(f"wrote {path}: {result.prompts_done} prompts, {result.steps} verify steps")
+    caption = "times are wall-clock means per step on contexts without routing capture"
+    render_table(pl.DataFrame([summary]), title="Speculative run", caption=caption)
+
+
+@app.command("import")
+def trace_import(
+    source_path: Annotated[Path, typer.Argument(help="Table (.csv/.parquet), router logits (.safetensors/.npz) or vLLM step dumps.")],
+    model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
+    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
+    source: Annotated[str, typer.Option(help="auto, table, hf-logits or vllm.")] = "auto",
+    normalize: Annotated[bool, typer.Option(help="hf-logits: renormalise the top-k probabilities (norm_topk_prob).")] = False,
+) -> None:
+    """Import routing recorded elsewhere into a moesim trace."""
+    from moesim.atomic import check_writable
+    from moesim.models import load_preset
+    from moesim.tracegen.formats.schema import TraceGeometry
+    from moesim.tracegen.formats.trace import write_trace
+    from moesim.tracegen.importers import import_routing
+
+    geometry = TraceGeometry.from_preset(load_preset(model), weight_format)
+    check_writable(out)
+    trace = import_routing(source_path, geometry, source, normalize)
+    write_trace(out, trace)
+    console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} positions from {source_path} ({trace.meta.engine})")
+
+
+@app.command("fit")
+def trace_fit(
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    out: Annotated[Path, typer.Option(help="Parameter file to write (TOML).")],
+    seed: Annotated[int, typer.Option(help="Seed of the simulations.")] = 0,
+    max_positions: Annotated[int, typer.Option(help="Fit on at most this many positions (first sequences).")] = 1 << 15,
+) -> None:
+    """Fit the mixture routing generator per MoE layer (for `trace synth --params`)."""
+    from moesim.atomic import check_writable
+    from moesim.tracegen.formats.trace import read_trace
+    from moesim.tracegen.routing.fit import fit_mixture, write_fit
+
+    check_writable(out)
+    source = read_trace(trace)
+    result = fit_mixture(source, seed=seed, max_positions=max_positions)
+    write_fit(out, result, trace, source.meta.geometry)
+    title = f"Mixture routing fitted to {trace} ({result.positions} positions, {result.sequences} sequences)"
+    caption = f"reuse_1 = mean |S_t ∩ S_t+1| / k; share_D = distinct experts in a window of D = {result.far_distances[1]} tokens / (D·k)"
+    render_table(result.table(source.meta.geometry), title=title, caption=caption)
+    console.print(f"wrote {out}")

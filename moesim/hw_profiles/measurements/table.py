@@ -1,0 +1,130 @@
+"""Measurement tables, contract 3 (docs/architecture.md): the input of `profile fit` and `validate`.
+
+Parquet or CSV, one row per measured operation, units in column names. Required: `kernel`
+(family: `per_slot`, `dense`, or any name starting with `dedup`), `n_tokens`, `time_us`.
+Optional columns are type-checked when present; unknown columns are kept and ignored.
+
+A measurement folder (what the microbenchmarks write) holds the table, `provenance.json` (how it
+was measured; the llama.cpp runner's dense-twin specs) and, where known, `device.json`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import polars as pl
+
+from moesim.errors import InputError
+
+TABLE_NAME = "measurements.parquet"
+PROVENANCE_NAME = "provenance.json"
+DEVICE_NAME = "device.json"
+
+REQUIRED_COLUMNS: dict[str, type[pl.DataType]] = {"kernel": pl.String, "n_tokens": pl.Int64, "time_us": pl.Float64}
+
+OPTIONAL_COLUMNS: dict[str, type[pl.DataType]] = {
+    "layers": pl.Int64,
+    "distinct_experts": pl.Int64,
+    "slots": pl.Int64,
+    "max_tokens_per_expert": pl.Int64,
+    "routing": pl.String,
+    "hidden": pl.Int64,
+    "expert_intermediate": pl.Int64,
+    "experts": pl.Int64,
+    "top_k": pl.Int64,
+    "expert_bytes": pl.Float64,
+    "dtype": pl.String,
+    "bytes_requested": pl.Float64,
+    "model": pl.String,
+    "engine": pl.String,
+    "device": pl.String,
+    "trace": pl.String,
+    "seq": pl.Int64,
+    "window_start": pl.Int64,
+    "draft_len": pl.Int64,
+    "accepted_mean": pl.Float64,
+    "tokens_per_s": pl.Float64,
+}
+
+# Columns that must be > 0 where given, and those that must be >= 0.
+_POSITIVE = ("n_tokens", "time_us", "layers", "distinct_experts", "slots", "max_tokens_per_expert", "hidden",
+             "expert_intermediate", "experts", "top_k", "expert_bytes", "tokens_per_s")  # fmt: skip
+_NON_NEGATIVE = ("bytes_requested", "seq", "window_start", "draft_len", "accepted_mean")
+
+
+def is_family(kernel: str) -> bool:
+    """A kernel family name: per_slot, dense, or any name starting with dedup."""
+    return kernel in ("per_slot", "dense") or kernel.startswith("dedup")
+
+
+def is_dedup_family(kernel: str) -> bool:
+    """Deduplicating families read each distinct expert once per pass."""
+    return kernel.startswith("dedup")
+
+
+def _read_raw(path: Path) -> pl.DataFrame:
+    if not path.is_file():
+        raise InputError(f"{path}: no such measurement table")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            return pl.read_parquet(path)
+        if suffix == ".csv":
+            return pl.read_csv(path, infer_schema_length=None)
+    except (pl.exceptions.PolarsError, OSError, UnicodeDecodeError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise InputError(f"{path}: unreadable measurement table ({message})") from None
+    raise InputError(f"{path}: a measurement table must be .parquet or .csv, got '{suffix}'")
+
+
+def load_measurements(path: str | os.PathLike[str]) -> pl.DataFrame:
+    """Read and check a measurement table; known columns are cast to their contract types."""
+    path = Path(path)
+    frame = _read_raw(path)
+    for name in REQUIRED_COLUMNS:
+        if name not in frame.columns:
+            raise InputError(f"{path}: column '{name}' is missing (required: {', '.join(REQUIRED_COLUMNS)})")
+    if frame.height == 0:
+        raise InputError(f"{path}: the measurement table has no rows")
+    casts = []
+    for name, dtype in {**REQUIRED_COLUMNS, **OPTIONAL_COLUMNS}.items():
+        if name not in frame.columns:
+            continue
+        column = frame[name]
+        if dtype is pl.Int64 and column.dtype.is_float():
+            fractional = (column.is_not_null() & (column != column.round(0))).arg_true()
+            if fractional.len():
+                row = int(fractional[0])
+                raise InputError(f"{path}: row {row}: field '{name}' must be an integer, got {column[row]}")
+        cast = column.cast(dtype, strict=False)
+        failed = (cast.is_null() & column.is_not_null()).arg_true()
+        if failed.len():
+            row = int(failed[0])
+            raise InputError(f"{path}: row {row}: field '{name}' has value {column[row]!r}, expected {dtype.__name__}")
+        casts.append(cast)
+    frame = frame.with_columns(casts)
+    for name in REQUIRED_COLUMNS:
+        nulls = frame[name].is_null().arg_true()
+        if nulls.len():
+            raise InputError(f"{path}: row {int(nulls[0])}: field '{name}' is empty")
+    kernel = frame["kernel"]
+    bad_family = (~(kernel.is_in(["per_slot", "dense"]) | kernel.str.starts_with("dedup"))).arg_true()
+    if bad_family.len():
+        row = int(bad_family[0])
+        raise InputError(
+            f"{path}: row {row}: field 'kernel' is {frame['kernel'][row]!r}; a family is per_slot, dense or a name starting with dedup"
+        )
+    for name in _POSITIVE + _NON_NEGATIVE:
+        if name not in frame.columns:
+            continue
+        column = frame[name]
+        bad = column.is_not_null() & ((column <= 0) if name in _POSITIVE else (column < 0))
+        if column.dtype.is_float():
+            bad = bad | column.is_nan() | column.is_infinite()
+        rows = bad.arg_true()
+        if rows.len():
+            row = int(rows[0])
+            sign = "> 0" if name in _POSITIVE else ">= 0"
+            raise InputError(f"{path}: row {row}: field '{name}' must be {sign}, got {column[row]}")
+    return frame

@@ -1,0 +1,137 @@
+"""`moesim batch`: speedup and MoESD target efficiency T(B, 1) / T(B, v) against the batch size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from moesim.errors import InputError
+from moesim.kernels.unions import batch_lanes, batch_windows, union_features_many
+from moesim.sim.analysis.moesd import target_efficiency
+from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
+from moesim.sim.analysis.speculation import (
+    check_acceptance,
+    check_draft_lengths,
+    tokens_per_pass,
+)
+from moesim.sim.cost.drafters import draft_us
+from moesim.tracegen.formats.trace import Trace
+
+
+@dataclass(frozen=True)
+class BatchEffect:
+    """Per batch size B: target pass times for 1 and v tokens per sequence, MoESD's target
+    efficiency T(B, 1) / T(B, v), and the speedup of speculation at α and k."""
+
+    alpha: float
+    draft_len: int
+    verify_tokens: int
+    batch: np.ndarray
+    single_us: np.ndarray
+    verify_us: np.ndarray
+    draft_us: np.ndarray
+    distinct_experts: np.ndarray
+    extrapolation: np.ndarray
+    source: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def efficiency(self) -> np.ndarray:
+        """T_T(B, 1) / T_T(B, v)."""
+        return target_efficiency(self.single_us, self.verify_us)
+
+    @property
+    def speedup(self) -> np.ndarray:
+        """S(B) = τ(k, α)·T(B, 1) / (T_draft(B, k) + T(B, k + 1))."""
+        return tokens_per_pass(self.draft_len, self.alpha) * self.single_us / (self.draft_us + self.verify_us)
+
+    def table(self) -> pl.DataFrame:
+        """One row per B."""
+        return pl.DataFrame(
+            {
+                "batch": self.batch,
+                "single_us": self.single_us,
+                "verify_us": self.verify_us,
+                "draft_us": self.draft_us,
+                "distinct_experts": self.distinct_experts,
+                "target_efficiency": self.efficiency,
+                "speedup": self.speedup,
+                "extrapolation": self.extrapolation,
+            }
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "alpha": self.alpha,
+            "draft_len": self.draft_len,
+            "verify_tokens": self.verify_tokens,
+            "batches": self.table().to_dicts(),
+            "lanes": self.source,
+            "warnings": self.warnings,
+        }
+
+
+def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[float, float, float, str]:
+    lanes = batch_lanes(trace.seq_starts, batch)
+    if int(lanes.length.max(initial=0)) < n:
+        raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
+    offsets, starts, lengths = batch_windows(lanes, n, max_batches)
+    union = union_features_many(trace.experts, offsets, starts, lengths, trace.meta.geometry.experts)
+    cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_len))
+    return float(cost.total_us().mean()), float(union.distinct_experts.mean()), float(cost.extrapolation.max()), lanes.describe()
+
+
+def batch_analysis(
+    scenario: Scenario,
+    alpha: float,
+    draft_len: int,
+    batches: list[int],
+    moesd_slots: bool = False,
+    routing: str = "trace",
+    max_batches: int = 256,
+) -> BatchEffect:
+    """Speedup and target efficiency vs batch size. MoESD's convention verifies γ = k slots per
+    sequence (`moesd_slots`); moesim's verifies k + 1."""
+    check_acceptance(alpha)
+    k = int(check_draft_lengths(draft_len))
+    if k < 1:
+        raise InputError(f"batch analysis needs a draft length >= 1, got {k}")
+    if not batches or min(batches) < 1:
+        raise InputError(f"batch sizes must be >= 1, got {batches}")
+    if routing not in ("trace", "uniform"):
+        raise InputError(f"routing must be 'trace' or 'uniform', got '{routing}'")
+    trace = scenario.trace if routing == "trace" else uniform_twin(scenario.trace, scenario.model.preset)
+    verify = k if moesd_slots else k + 1
+    rows = []
+    for b in batches:
+        single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
+        multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, verify, max_batches)
+        drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_len, scenario.dense_us)
+        rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}"))
+    single, multi, drafted, distinct, factor, source = zip(*rows, strict=True)
+    sizes = np.asarray(batches)
+    return BatchEffect(
+        alpha=float(alpha),
+        draft_len=k,
+        verify_tokens=verify,
+        batch=sizes,
+        single_us=np.asarray(single),
+        verify_us=np.asarray(multi),
+        draft_us=np.asarray(drafted),
+        distinct_experts=np.asarray(distinct),
+        extrapolation=np.asarray(factor),
+        source=list(source),
+        warnings=extrapolation_warnings("batch of B =", np.asarray(factor), sizes),
+    )
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (empty items skipped)."""
+    try:
+        return [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise InputError(f"--batch must be comma-separated integers, got '{text}'") from None

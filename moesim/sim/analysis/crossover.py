@@ -1,0 +1,153 @@
+"""`moesim crossover`: where deduplicating expert reads wins. The formulas (byte share u(n),
+bandwidth ratio r(n), win window, crossover under uniform routing) and the analysis on a
+scenario (from the trace and from uniform routing, with the range over the error box)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from moesim.errors import InputError
+from moesim.kernels.features import uniform_distinct_experts
+from moesim.kernels.windows import summarize_windows
+from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, uniform_twin
+from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, StepTimeModel, check_engine
+from moesim.tracegen.formats.trace import Trace
+
+
+def byte_share(distinct_experts: np.ndarray, n_tokens: np.ndarray, top_k: int) -> np.ndarray:
+    """u(n) = U(n) / (n·K): the dedup engine's expert bytes relative to the per-slot engine's."""
+    return np.asarray(distinct_experts, np.float64) / (np.asarray(n_tokens, np.float64) * top_k)
+
+
+def bandwidth_ratio(per_slot_us: np.ndarray, dedup_us: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """r(n) = BW_dedup / BW_per_slot = u(n) · T_per_slot(n) / T_dedup(n) (effective, on requested bytes)."""
+    return np.asarray(share) * np.asarray(per_slot_us, np.float64) / np.asarray(dedup_us, np.float64)
+
+
+@dataclass(frozen=True)
+class WinWindow:
+    """Pass sizes where dedup is faster than per-slot: the first (crossover) and all of them."""
+
+    crossover_n: int | None
+    dedup_wins: list[int]
+
+
+def win_window(n_tokens: np.ndarray, per_slot_us: np.ndarray, dedup_us: np.ndarray) -> WinWindow:
+    """Dedup wins at n iff T_dedup(n) < T_per_slot(n); it may win in a window and lose again."""
+    n = np.asarray(n_tokens)
+    wins = np.asarray(dedup_us) < np.asarray(per_slot_us)
+    winners = [int(x) for x in n[wins]]
+    return WinWindow(winners[0] if winners else None, winners)
+
+
+def uniform_crossover(experts: int, top_k: int, ratio: float, max_pass: int = 1024) -> int | None:
+    """First n with u(n) < r under uniform routing and a constant bandwidth ratio r (the seed's rule)."""
+    n = np.arange(1, max_pass + 1)
+    share = uniform_distinct_experts(n, experts, top_k) / (n * top_k)
+    below = np.flatnonzero(share < ratio)
+    return int(n[below[0]]) if below.size else None
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Per n: byte share u(n), bandwidth ratio r(n), expert times; crossover and win set, from the
+    trace and from uniform routing, with the crossover's range over the error box."""
+
+    dedup_family: str
+    n: np.ndarray
+    byte_share: np.ndarray
+    bandwidth_ratio: np.ndarray
+    per_slot_us: np.ndarray
+    dedup_us: np.ndarray
+    crossover_n: int | None
+    dedup_wins: list[int]
+    crossover_range: tuple[int | None, int | None]
+    uniform_byte_share: np.ndarray
+    uniform_crossover_n: int | None
+    uniform_dedup_wins: list[int]
+    warnings: list[str] = field(default_factory=list)
+
+    def table(self) -> pl.DataFrame:
+        """One row per n."""
+        return pl.DataFrame(
+            {
+                "n": self.n,
+                "byte_share": self.byte_share,
+                "bandwidth_ratio": self.bandwidth_ratio,
+                "per_slot_us": self.per_slot_us,
+                "dedup_us": self.dedup_us,
+                "dedup_wins": np.isin(self.n, self.dedup_wins),
+                "uniform_byte_share": self.uniform_byte_share,
+            }
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "dedup_family": self.dedup_family,
+            "crossover_n": self.crossover_n,
+            "dedup_wins": self.dedup_wins,
+            "crossover_range": list(self.crossover_range),
+            "byte_share": self.byte_share.tolist(),
+            "bandwidth_ratio": self.bandwidth_ratio.tolist(),
+            "per_slot_us": self.per_slot_us.tolist(),
+            "dedup_us": self.dedup_us.tolist(),
+            "uniform": {
+                "byte_share": self.uniform_byte_share.tolist(),
+                "crossover_n": self.uniform_crossover_n,
+                "dedup_wins": self.uniform_dedup_wins,
+            },
+            "warnings": self.warnings,
+        }
+
+
+def _expert_times(scenario: Scenario, family: str, max_pass: int, trace: Trace) -> tuple[np.ndarray, float, np.ndarray]:
+    model = StepTimeModel(scenario.model.preset, scenario.model.profile, family, scenario.model.weight_format)
+    cost = expected_costs(scenario, max_pass, model, trace)
+    return cost.expert_us, cost.expert_epsilon, cost.extrapolation
+
+
+def crossover_analysis(scenario: Scenario, dedup_family: str = "dedup", max_pass: int = 32) -> Crossover:
+    """Where the dedup family's expert time drops below per-slot's, from the trace and from uniform routing."""
+    profile = scenario.model.profile
+    if dedup_family not in profile.dedup_families:
+        raise InputError(
+            f"profile '{profile.name}' has no dedup family '{dedup_family}' (dedup families: {', '.join(profile.dedup_families)})"
+        )
+    check_engine(profile, "per_slot")
+    n = np.arange(1, max_pass + 1)
+    g = scenario.trace.meta.geometry
+    twin = uniform_twin(scenario.trace, scenario.model.preset)
+    result = {}
+    for label, trace in (("trace", scenario.trace), ("uniform", twin)):
+        ps, eps_ps, x_ps = _expert_times(scenario, "per_slot", max_pass, trace)
+        dd, eps_dd, x_dd = _expert_times(scenario, dedup_family, max_pass, trace)
+        summary = summarize_windows(trace.experts, trace.seq_starts, g.experts, max_pass)
+        share = summary.mean_distinct_experts() / (n * g.top_k)
+        result[label] = (ps, dd, eps_ps, eps_dd, share, np.maximum(x_ps, x_dd))
+    ps, dd, eps_ps, eps_dd, share, factor = result["trace"]
+    window = win_window(n, ps, dd)
+    corner_crossovers = [win_window(n, ps * (1 + a * eps_ps), dd * (1 + b * eps_dd)).crossover_n for a, b in ERROR_BOX_CORNERS]
+    known = [c for c in corner_crossovers if c is not None]
+    low = min(known) if known else None
+    high = None if None in corner_crossovers else max(known)
+    uniform_window = win_window(n, result["uniform"][0], result["uniform"][1])
+    return Crossover(
+        dedup_family=dedup_family,
+        n=n,
+        byte_share=share,
+        bandwidth_ratio=bandwidth_ratio(ps, dd, share),
+        per_slot_us=ps,
+        dedup_us=dd,
+        crossover_n=window.crossover_n,
+        dedup_wins=window.dedup_wins,
+        crossover_range=(low, high),
+        uniform_byte_share=result["uniform"][4],
+        uniform_crossover_n=uniform_window.crossover_n,
+        uniform_dedup_wins=uniform_window.dedup_wins,
+        warnings=extrapolation_warnings("pass of n =", factor, n),
+    )

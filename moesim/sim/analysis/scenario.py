@@ -1,0 +1,112 @@
+"""What every closed-form analysis starts from (issue 6): a `Scenario`, and the pass costs it implies.
+
+Everything starts from a `Scenario`: a step-time model (target preset on a profile with an
+engine), the trace whose routing it replays, the drafter and the context length. Results are
+plain frozen dataclasses with `table()` (a polars frame) and `to_dict()` (for `--json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moesim.errors import InputError
+from moesim.hw_profiles import load_profile
+from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
+from moesim.models import ModelPreset, builtin_names, load_preset
+from moesim.sim.cost.drafters import Drafter, make_drafter
+from moesim.sim.cost.steptime import PassCost, StepTimeModel, check_engine
+from moesim.tracegen.formats.trace import Trace, read_trace
+from moesim.tracegen.routing.synth import Uniform, synthesize
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A target on a device replaying a trace's routing, with a drafter and a context length."""
+
+    model: StepTimeModel
+    trace: Trace
+    drafter: Drafter
+    context_len: int = 512
+
+    @property
+    def top_k(self) -> int:
+        """Experts per token."""
+        return self.model.preset.top_k
+
+    def dense_us(self, bytes_read: float, flops: float) -> float:
+        """The profile's dense family (drafters use it)."""
+        return self.model.dense_family_us(bytes_read, flops)
+
+
+def preset_for_trace(trace: Trace, model: str | None) -> ModelPreset:
+    """The trace's own preset (its metadata names a built-in one), or `model`; checked against the routing."""
+    g = trace.meta.geometry
+    if model is None and g.model not in builtin_names("moe"):
+        raise InputError(f"trace model '{g.model}' is not a built-in preset; give --model PRESET (a name, .toml or config.json)")
+    preset = load_preset(model or g.model)
+    if (preset.top_k, preset.experts, preset.moe_layers) != (g.top_k, g.experts, g.moe_layers):
+        raise InputError(
+            f"trace of '{g.model}' routes top-{g.top_k} of {g.experts} experts in MoE layers {list(g.moe_layers)[:3]}..., "
+            f"but preset '{preset.name}' has top-{preset.top_k} of {preset.experts} in {list(preset.moe_layers)[:3]}..."
+        )
+    return preset
+
+
+def load_scenario(
+    trace_path: str | Path,
+    profile: str,
+    engine: str = "per_slot",
+    model: str | None = None,
+    drafter: str = "ngram",
+    weight_format: str | None = None,
+    context_len: int = 512,
+) -> Scenario:
+    """Read the trace, resolve preset, profile, engine and drafter (each a one-line error when wrong)."""
+    if context_len < 0:
+        raise InputError(f"context length must be >= 0, got {context_len}")
+    trace = read_trace(trace_path)
+    preset = preset_for_trace(trace, model)
+    hw = load_profile(profile)
+    check_engine(hw, engine)
+    fmt = weight_format or trace.meta.geometry.weight_format
+    step = StepTimeModel(preset, hw, engine, fmt)
+    return Scenario(step, trace, make_drafter(drafter, preset), context_len)
+
+
+def _check_pass_sizes(scenario: Scenario, max_pass: int) -> None:
+    if not 1 <= max_pass <= MAX_PASS_LIMIT:
+        raise InputError(f"pass size must lie in 1..{MAX_PASS_LIMIT}, got {max_pass}")
+    longest = int(scenario.trace.seq_lengths().max())
+    if max_pass > longest:
+        raise InputError(f"pass size {max_pass} exceeds the trace's longest sequence ({longest} positions)")
+
+
+def expected_costs(scenario: Scenario, max_pass: int, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:
+    """Expected pass times over the trace's windows for n = 1..max_pass (shape (max_pass,))."""
+    _check_pass_sizes(scenario, max_pass)
+    trace = trace or scenario.trace
+    summary = summarize_windows(trace.experts, trace.seq_starts, trace.meta.geometry.experts, max_pass)
+    distributions = [summary.feature_distribution(n) for n in range(1, max_pass + 1)]
+    return (model or scenario.model).expected_pass_cost(distributions, float(scenario.context_len))
+
+
+def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0) -> Trace:
+    """A uniform-routing trace of the same geometry and sequence lengths (for comparison)."""
+    lengths = trace.seq_lengths()
+    tokens = int(min(lengths.max(), 4096))
+    seqs = max(1, min(int(lengths.sum()) // tokens, 16))
+    return synthesize(preset, Uniform(), tokens, seqs, seed, trace.meta.geometry.weight_format)
+
+
+def extrapolation_warnings(label: str, factor: np.ndarray, sizes: np.ndarray) -> list[str]:
+    """One warning per prediction beyond the calibrated range, with its extrapolation factor."""
+    out = []
+    for size, f in zip(np.asarray(sizes).ravel(), np.asarray(factor).ravel(), strict=True):
+        if f > 1.0 + 1e-9:
+            out.append(
+                f"{label} {int(size)} lies beyond the calibrated range (extrapolation factor {f:.2f}); the roofline bounds it from below"
+            )
+    return out

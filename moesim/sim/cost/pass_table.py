@@ -1,0 +1,72 @@
+"""What the simulator asks of a cost model, and the simplest one: a table of pass times by size.
+
+The SimPy server never counts bytes: it asks a `BatchCostModel` for the time of each verify
+pass, each drafting step and each prefill. The trace-driven implementation (the step-time
+model applied to the union of the batch's windows in the trace) lives in `moesim.sim.cost.steptime`;
+`TablePassCost` serves closed-form checks and precomputed-cost runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from moesim.errors import ConfigError
+
+
+class BatchCostModel(Protocol):
+    """Times (µs) of the passes of one server iteration."""
+
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+        """One target pass verifying, for each request i of the batch, n_tokens[i] positions of trace
+        sequence seqs[i] starting at position starts[i], at a context of context_len[i] tokens."""
+        ...
+
+    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+        """Drafting draft_lens[i] tokens for each request of the batch (0 where a request does not speculate)."""
+        ...
+
+    def prefill_us(self, prompt_tokens: int) -> float:
+        """Prefill of one request's prompt."""
+        ...
+
+
+@dataclass(frozen=True)
+class TablePassCost:
+    """Pass times looked up by batch tokens: verify = target_us[total tokens − 1] (beyond the table:
+    linear extrapolation from its last two entries), draft = draft_step_us · max draft length
+    (requests draft in lockstep), prefill = prefill_us_per_token · prompt tokens."""
+
+    target_us: np.ndarray  # target_us[n - 1]: a pass of n tokens
+    draft_step_us: float = 0.0
+    prefill_us_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        table = np.asarray(self.target_us, np.float64)
+        if table.ndim != 1 or table.size < 1 or not np.all(np.isfinite(table)) or np.any(table <= 0):
+            raise ConfigError("pass-cost table 'target_us' must be a non-empty list of positive times")
+        if self.draft_step_us < 0 or self.prefill_us_per_token < 0:
+            raise ConfigError("pass-cost table: 'draft_step_us' and 'prefill_us_per_token' must be >= 0")
+        object.__setattr__(self, "target_us", table)
+
+    def pass_us(self, total_tokens: int) -> float:
+        """Time of one target pass of `total_tokens` tokens."""
+        table = self.target_us
+        if total_tokens <= table.size:
+            return float(table[total_tokens - 1])
+        slope = table[-1] - table[-2] if table.size > 1 else table[-1]
+        return float(table[-1] + slope * (total_tokens - table.size))
+
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+        """Looked up by the batch's total tokens."""
+        return self.pass_us(int(np.sum(n_tokens)))
+
+    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+        """Drafting steps run in lockstep: the longest draft sets the time."""
+        return self.draft_step_us * float(np.max(draft_lens, initial=0))
+
+    def prefill_us(self, prompt_tokens: int) -> float:
+        """Linear in prompt tokens."""
+        return self.prefill_us_per_token * prompt_tokens

@@ -1,0 +1,246 @@
+"""Step time of a pass (docs/math.md; the map: docs/architecture.md):
+
+    T(pass) = Σ_MoE layers time_us(family, routing features of that layer's pass)
+              + dense(non-expert weights read once, shared experts, KV at the context length, LM head)
+              + fixed time per pass.
+
+The expert term comes from the profile's fitted family (`per_slot`, a `dedup*` family, or the
+cheapest of them: engine `best`); the dense term from the profile's `dense` family. Every
+prediction keeps its parts apart so that each family's held-out error ε propagates into an
+interval, and so that the share of time resting on calibrated vs datasheet or assumed numbers
+can be stated.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from moesim.errors import InputError
+from moesim.hw_profiles.profile import HardwareProfile
+from moesim.kernels.features import RoutingFeatures
+from moesim.models import ModelPreset
+
+BEST = "best"
+# Kernels a decoder layer launches outside the routed experts (norms, QKV, attention, output
+# projection, router, shared expert or dense FFN), an assumed count for the dense family's
+# per-kernel launch time.
+DENSE_KERNELS_PER_LAYER = 8
+SIGNS = (-1.0, 1.0)
+ERROR_BOX_CORNERS = tuple(itertools.product(SIGNS, SIGNS))  # (expert sign, dense sign) of each corner
+TIME_TABLES_KEPT = 256  # (family, tokens) layer-time tables the simulator's fast path keeps
+
+
+def check_engine(profile: HardwareProfile, engine: str) -> str:
+    """`per_slot`, any dedup family of the profile, or `best`."""
+    if engine == BEST or engine in profile.expert_families:
+        return engine
+    known = ", ".join([*profile.expert_families, BEST])
+    raise InputError(f"profile '{profile.name}' has no family '{engine}' (engines: {known})")
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Predicted pass times kept in parts (arrays of one shape, µs): expert, dense and fixed time.
+
+    `total_us(expert_sign, dense_sign)` moves each part by its family's bound, (1 ± ε): a corner
+    of the error box. Ratios of pass times (speedups, savings, crossovers) are bounded by their
+    extremes over the corners, since a family's error is systematic, not per pass.
+    """
+
+    expert_us: np.ndarray
+    dense_us: np.ndarray
+    fixed_us: float
+    expert_epsilon: float
+    dense_epsilon: float
+    family: np.ndarray
+    extrapolation: np.ndarray
+    provenance_us: dict[str, np.ndarray] = field(default_factory=dict)
+    expert_by_family_us: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0) -> np.ndarray:
+        """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + fixed."""
+        return (
+            self.expert_us * (1.0 + expert_sign * self.expert_epsilon)
+            + self.dense_us * (1.0 + dense_sign * self.dense_epsilon)
+            + self.fixed_us
+        )
+
+    @property
+    def low_us(self) -> np.ndarray:
+        """Lower end of the interval: every family at −ε."""
+        return self.total_us(-1.0, -1.0)
+
+    @property
+    def high_us(self) -> np.ndarray:
+        """Upper end of the interval: every family at +ε."""
+        return self.total_us(1.0, 1.0)
+
+    def provenance_share(self) -> dict[str, float]:
+        """Share of the summed predicted time resting on each provenance kind."""
+        total = float(np.sum(self.total_us()))
+        return {kind: float(np.sum(us)) / total for kind, us in self.provenance_us.items()} if total > 0 else {}
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """A target model on a device: turns routing features of passes into pass times."""
+
+    preset: ModelPreset
+    profile: HardwareProfile
+    engine: str = "per_slot"
+    weight_format: str = ""
+    kv_bytes_per_element: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.preset.kind != "moe":
+            raise InputError(f"model '{self.preset.name}' has no experts; the step-time model needs a MoE target")
+        check_engine(self.profile, self.engine)
+        if not self.weight_format:
+            object.__setattr__(self, "weight_format", self.preset.default_format)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The expert families the engine may use."""
+        return tuple(self.profile.expert_families) if self.engine == BEST else (self.engine,)
+
+    def dense_family_us(self, bytes_read: float, flops: float) -> float:
+        """The profile's dense family for one kernel's bytes and FLOPs (drafters run through it)."""
+        return float(self.profile.dense.time_us(bytes_read, flops))
+
+    def dense_parts_us(self, total_tokens: np.ndarray, context_tokens: np.ndarray | float) -> dict[str, np.ndarray]:
+        """The dense family's time by what it rests on: kernel launches (`launch_us`), non-expert
+        weights read once per pass plus every request's KV (`bandwidth_gbps`), 2·params FLOPs per
+        token (`tflops`)."""
+        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        dense = self.profile.dense
+        return {
+            "launch_us": dense.time_us(0.0, 0.0, kernels),
+            "bandwidth_gbps": dense.time_us(weight_bytes + kv_bytes_per_token * np.asarray(context_tokens, np.float64), 0.0, 0.0),
+            "tflops": dense.time_us(0.0, 2.0 * params * np.asarray(total_tokens, np.float64), 0.0),
+        }
+
+    @cached_property
+    def _dense_inputs(self) -> tuple[float, float, float, int]:
+        """Non-expert weight bytes, KV bytes per context token (all layers), non-expert params, dense kernels per pass."""
+        p = self.preset
+        return (
+            p.non_expert_bytes_per_token(self.weight_format),
+            p.layers * p.attention.kv_cache_bytes_per_token(self.kv_bytes_per_element),
+            float(p.non_expert_params_per_token()),
+            DENSE_KERNELS_PER_LAYER * p.layers,
+        )
+
+    def dense_us(self, total_tokens: np.ndarray, context_tokens: np.ndarray | float) -> np.ndarray:
+        """Dense-family time of one pass: launches + weights and KV / bandwidth + FLOPs / rate."""
+        return sum(self.dense_parts_us(total_tokens, context_tokens).values())  # type: ignore[return-value]
+
+    def pass_cost(self, features: RoutingFeatures, context_tokens: np.ndarray | float = 0.0) -> PassCost:
+        """Pass times for features shaped (..., MoE layers): one union of windows per pass, e.g. a
+        batch's verify pass; `context_tokens` is the KV length summed over the pass's requests."""
+        n_layers = len(self.preset.moe_layers)
+        if features.shape[-1] != n_layers:
+            raise InputError(f"features cover {features.shape[-1]} MoE layers, model '{self.preset.name}' has {n_layers}")
+        shape = self.preset.expert_shape(self.weight_format)
+        expert_us, extrapolation = {}, {}
+        for name in self.families:
+            family = self.profile.expert_family(name)
+            expert_us[name] = family.time_us(features, shape).sum(axis=-1)
+            extrapolation[name] = family.extrapolation_factor(features, shape).max(axis=-1)
+        return self.assemble(expert_us, extrapolation, features.n_tokens[..., 0], context_tokens)
+
+    def pass_time_us(self, features: RoutingFeatures, context_tokens: float) -> float:
+        """The nominal time of one pass (features shaped (MoE layers,), integer counts as the union
+        counters give them): the simulator's per-iteration call, without intervals, extrapolation
+        factors or provenance. Layer times are looked up in tables of every (U, M) for the pass's
+        token count (`layer_time_table`), the same numbers `time_us` gives, without its per-call cost."""
+        n_tokens = int(features.n_tokens.flat[0])
+        distinct = features.distinct_experts.astype(np.intp)
+        most = features.max_tokens_per_expert.astype(np.intp)
+        expert = min(float(self.layer_time_table(name, n_tokens)[distinct, most].sum()) for name in self.families)
+        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        dense = self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * n_tokens, kernels)
+        return expert + float(dense) + self.profile.pass_fixed_us
+
+    def layer_time_table(self, family: str, n_tokens: int) -> np.ndarray:
+        """time_us of one MoE layer for every distinct-expert count U = 0..E and max tokens per
+        expert M = 0..n at a pass of n tokens: shape (E + 1, n + 1), computed once per (family, n)."""
+        key = (family, n_tokens)
+        table = self._time_tables.get(key)
+        if table is None:
+            p = self.preset
+            distinct = np.arange(p.experts + 1, dtype=np.float64)[:, None]
+            most = np.arange(n_tokens + 1, dtype=np.float64)[None, :]
+            features = RoutingFeatures(np.float64(n_tokens), np.float64(n_tokens * p.top_k), distinct, most)
+            table = self.profile.expert_family(family).time_us(features, p.expert_shape(self.weight_format))
+            if len(self._time_tables) >= TIME_TABLES_KEPT:
+                self._time_tables.clear()
+            self._time_tables[key] = table
+        return table
+
+    @cached_property
+    def _time_tables(self) -> dict[tuple[str, int], np.ndarray]:
+        return {}
+
+    def expected_pass_cost(self, distributions: list[tuple[RoutingFeatures, np.ndarray]], context_tokens: float = 0.0) -> PassCost:
+        """Expected pass times over windows, one per pass size: `distributions[i]` lists every
+        per-layer feature value of pass size i with its probability (pooled over MoE layers, so
+        the expected expert time is layers · Σ p·time_us)."""
+        n_layers = len(self.preset.moe_layers)
+        shape = self.preset.expert_shape(self.weight_format)
+        expert_us, extrapolation = {}, {}
+        for name in self.families:
+            family = self.profile.expert_family(name)
+            expert_us[name] = np.array([n_layers * float(p @ family.time_us(f, shape)) for f, p in distributions])
+            extrapolation[name] = np.array([float(family.extrapolation_factor(f, shape)[p > 0].max(initial=1.0)) for f, p in distributions])
+        tokens = np.array([float(f.n_tokens.flat[0]) for f, _ in distributions])
+        return self.assemble(expert_us, extrapolation, tokens, context_tokens)
+
+    def assemble(
+        self,
+        expert_us: dict[str, np.ndarray],
+        extrapolation: dict[str, np.ndarray],
+        total_tokens: np.ndarray,
+        context_tokens: np.ndarray | float,
+    ) -> PassCost:
+        """Choose the family (the engine's, or the cheapest for `best`), add dense and fixed time."""
+        per_family = np.stack([expert_us[name] for name in self.families])
+        choice = np.argmin(per_family, axis=0)
+        expert = np.take_along_axis(per_family, choice[None], axis=0)[0]
+        dense_parts = self.dense_parts_us(total_tokens, np.broadcast_to(context_tokens, np.shape(total_tokens)))
+        dense = sum(dense_parts.values())
+        factor = np.ones(expert.shape)
+        epsilon = 0.0
+        by_kind: dict[str, np.ndarray] = {}
+        for i, name in enumerate(self.families):
+            family = self.profile.expert_family(name)
+            chosen = choice == i
+            factor = np.where(chosen, extrapolation[name], factor)
+            if chosen.any():
+                epsilon = max(epsilon, finite_or_zero(family.heldout_error.epsilon))
+            kind = family.provenance.kind
+            by_kind[kind] = by_kind.get(kind, 0.0) + np.where(chosen, expert, 0.0)
+        for part, us in dense_parts.items():
+            kind = self.profile.provenance_of(f"families.dense.{part}").kind
+            by_kind[kind] = by_kind.get(kind, 0.0) + us
+        fixed_kind = self.profile.provenance_of("pass.fixed_us").kind
+        by_kind[fixed_kind] = by_kind.get(fixed_kind, 0.0) + self.profile.pass_fixed_us
+        return PassCost(
+            expert_us=expert,
+            dense_us=dense,
+            fixed_us=self.profile.pass_fixed_us,
+            expert_epsilon=epsilon,
+            dense_epsilon=finite_or_zero(self.profile.dense.heldout_error.epsilon),
+            family=np.asarray(self.families)[choice],
+            extrapolation=factor,
+            provenance_us=by_kind,
+            expert_by_family_us=expert_us,
+        )
+
+
+def finite_or_zero(value: float) -> float:
+    """The value, or 0 where it is not finite (a family without a held-out error has no bound)."""
+    return float(value) if np.isfinite(value) else 0.0

@@ -1,0 +1,337 @@
+"""The simulation config: frozen dataclasses parsed from TOML (`moesim simulate CONFIG.toml`).
+
+Every section is a frozen dataclass whose fields are its keys (reference: docs/simulator.md).
+Paths are relative to the config file. Errors are one line naming the file and the key,
+raised before anything runs or is written:
+
+    [run]         seed, requests, duration_s, compare_off
+    [workload]    prompt_tokens, output_tokens | file
+    [arrivals]    kind = "closed" (concurrency) | "poisson" (rate_per_s)
+    [batching]    max_batch
+    [trace]       path | synth (+ synth_params, tokens, seqs, seed); offset_stride
+    [cost]        kind = "table" (target_us, draft_step_us, prefill_us_per_token) | "steptime"
+    [target]      model, weight_format, profile, engine          (the step-time model's target)
+    [drafter]     kind = "ngram" | "preset" (model) | "eagle" | "fixed" (time_us)
+    [acceptance]  model = "geometric" | "position" | "regime" | "recorded", and its keys
+    [policy]      name = "off" | "static" | "oracle" | "cascade", and its keys
+    [study]       optional grid: models, [study.workloads.NAME] acceptance tables, [[study.policies]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from moesim.errors import ConfigError, InputError, MoesimError
+from moesim.fields import FieldError, build, build_entry, require
+from moesim.hw_profiles import load_profile
+from moesim.models import load_preset
+from moesim.sim.cost.drafters import DRAFTERS, make_drafter
+from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
+from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
+from moesim.sim.serving.policies import POLICIES, Policy
+from moesim.sim.serving.workload import Arrivals, Workload
+from moesim.tomlfile import read_toml
+from moesim.tracegen.routing.synth import make_generator
+
+MODEL_PLACEHOLDER = "{model}"
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """Stop condition, seed, and whether to rerun with speculation off for comparison."""
+
+    seed: int = 0
+    requests: int = 16
+    duration_s: float = 0.0
+    compare_off: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.requests >= 0, "requests", f"must be >= 0, got {self.requests}")
+        require(math.isfinite(self.duration_s) and self.duration_s >= 0, "duration_s", f"must be >= 0, got {self.duration_s}")
+        require(self.requests > 0 or self.duration_s > 0, "requests", "give a request count > 0 or a duration_s > 0")
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Continuous batching up to `max_batch` decoding requests at once."""
+
+    max_batch: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+
+
+@dataclass(frozen=True)
+class TraceSection:
+    """The routing trace requests decode over: a file (`path`, may contain {model} in a study)
+    or one synthesised for the target model (`synth` = a routing generator's name)."""
+
+    path: Path | None = None
+    synth: str | None = None
+    synth_params: dict[str, Any] = field(default_factory=dict)
+    tokens: int = 2048
+    seqs: int = 4
+    seed: int = 0
+    offset_stride: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.synth is None):
+            raise FieldError("path", "give exactly one of 'path' (a trace file) or 'synth' (a routing generator)")
+        if self.path is not None and MODEL_PLACEHOLDER not in str(self.path):
+            require(self.path.is_file(), "path", f"no such trace file {self.path}")
+        require(self.tokens >= 1, "tokens", f"must be >= 1, got {self.tokens}")
+        require(self.seqs >= 1, "seqs", f"must be >= 1, got {self.seqs}")
+        require(self.offset_stride >= 0, "offset_stride", f"must be >= 0, got {self.offset_stride}")
+
+    def path_for(self, model: str | None) -> Path | None:
+        """The trace file of `model` ({model} replaced)."""
+        if self.path is None:
+            return None
+        return Path(str(self.path).replace(MODEL_PLACEHOLDER, model or ""))
+
+
+@dataclass(frozen=True)
+class CostSection:
+    """Where pass times come from: a pass-cost table, or the trace-driven step-time model."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("table", "steptime")
+    kind: str = "table"
+    target_us: tuple[float, ...] | None = None
+    draft_step_us: float = 0.0
+    prefill_us_per_token: float = 0.0
+    prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        require(self.kind in self.KINDS, "kind", f"unknown cost kind '{self.kind}' (known: {', '.join(self.KINDS)})")
+        if self.kind == "table":
+            table = self.target_us or ()
+            require(len(table) > 0, "target_us", "a table cost needs target_us = [pass time of 1 token, of 2 tokens, ...] (µs)")
+            require(all(math.isfinite(t) and t > 0 for t in table), "target_us", "pass times must be positive")
+        require(math.isfinite(self.draft_step_us) and self.draft_step_us >= 0, "draft_step_us", f"must be >= 0, got {self.draft_step_us}")
+        require(
+            math.isfinite(self.prefill_us_per_token) and self.prefill_us_per_token >= 0,
+            "prefill_us_per_token",
+            f"must be >= 0, got {self.prefill_us_per_token}",
+        )
+        require(self.prefill_chunk >= 1, "prefill_chunk", f"must be >= 1, got {self.prefill_chunk}")
+
+
+@dataclass(frozen=True)
+class TargetSection:
+    """The target model on a hardware profile (used by the step-time model and trace synthesis)."""
+
+    model: str | None = None
+    weight_format: str | None = None
+    profile: str | None = None
+    engine: str = "per_slot"
+
+
+@dataclass(frozen=True)
+class DrafterSection:
+    """The drafter: n-gram / prompt lookup (≈ 0 cost), a dense preset on the same profile, an
+    EAGLE-style head, or a fixed time per drafted token."""
+
+    kind: str = "ngram"
+    model: str | None = None
+    time_us: float | None = None
+
+    def __post_init__(self) -> None:
+        require(self.kind in DRAFTERS, "kind", DRAFTERS.unknown(self.kind))
+        if self.kind == "preset":
+            require(self.model is not None, "model", "a preset drafter needs a model preset name")
+        if self.kind == "fixed":
+            t = self.time_us
+            require(t is not None and math.isfinite(t) and t >= 0, "time_us", f"a fixed drafter needs time_us >= 0, got {t}")
+
+    def spec(self) -> str:
+        """The drafter as `moesim.sim.cost.drafters.make_drafter` names it."""
+        if self.kind == "preset":
+            return self.model  # type: ignore[return-value]
+        if self.kind == "fixed":
+            return f"fixed:{self.time_us}"
+        return self.kind
+
+
+@dataclass(frozen=True)
+class StudySection:
+    """A grid of runs: every model × workload × policy (each cell compared with speculation off)."""
+
+    models: tuple[str, ...] = ()
+    workloads: tuple[tuple[str, AcceptanceModel], ...] = ()
+    policies: tuple[Policy, ...] = ()
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A whole simulation config."""
+
+    source: str
+    run: RunSection
+    workload: Workload
+    arrivals: Arrivals
+    batching: Batching
+    trace: TraceSection | None
+    cost: CostSection
+    target: TargetSection
+    drafter: DrafterSection
+    acceptance: AcceptanceModel
+    policy: Policy
+    study: StudySection | None = None
+
+    def models(self) -> tuple[str | None, ...]:
+        """The target models this config runs (a study's list, else the target's)."""
+        if self.study is not None and self.study.models:
+            return self.study.models
+        return (self.target.model,)
+
+    def with_cell(self, model: str | None, acceptance: AcceptanceModel, policy: Policy) -> SimConfig:
+        """This config with another target model, acceptance model and policy (one study cell)."""
+        target = dataclasses.replace(self.target, model=model) if model is not None else self.target
+        return dataclasses.replace(self, target=target, acceptance=acceptance, policy=policy, study=None)
+
+
+SECTIONS = ("run", "workload", "arrivals", "batching", "trace", "cost", "target", "drafter", "acceptance", "policy", "study")
+
+
+def acceptance_from_table(table: Any, section: str, source: str, base_dir: Path) -> AcceptanceModel:
+    """An acceptance model from its table (`model` selects it)."""
+    return build_entry(ACCEPTANCE_MODELS, "model", table, section, source, base_dir)
+
+
+def policy_from_table(table: Any, section: str, source: str, base_dir: Path) -> Policy:
+    """A policy from its table (`name` selects it)."""
+    return build_entry(POLICIES, "name", table, section, source, base_dir)
+
+
+def _check_cap(acceptance: AcceptanceModel, policy: Policy, section: str, source: str) -> None:
+    try:
+        acceptance.check_cap(policy.k_cap)
+    except FieldError as exc:
+        raise ConfigError(f"{source}: key '{section}.{exc.field}': {exc.detail}") from None
+
+
+def resolve_path(value: str | None, base_dir: Path) -> str | None:
+    """A preset or profile given as a file is relative to the config; names stay names."""
+    if value is None or not value.endswith((".toml", ".json")):
+        return value
+    path = Path(value)
+    return str(path if path.is_absolute() else base_dir / path)
+
+
+def _check_target(target: TargetSection, drafter: DrafterSection | None, models: tuple[str | None, ...], source: str) -> None:
+    """Every target model is a preset, the drafter resolves against it (when the step-time model
+    runs), the profile loads and has the engine's family."""
+    for model in models:
+        if model is None:
+            continue
+        try:
+            preset = load_preset(model)
+        except MoesimError as exc:
+            key = "target.model" if model == target.model else "study.models"
+            raise ConfigError(f"{source}: key '{key}': {exc}") from None
+        if drafter is not None:
+            try:
+                make_drafter(drafter.spec(), preset)
+            except MoesimError as exc:
+                raise ConfigError(f"{source}: key 'drafter.{'model' if drafter.kind == 'preset' else 'kind'}': {exc}") from None
+    if target.profile is None:
+        return
+    try:
+        profile = load_profile(target.profile)
+    except MoesimError as exc:
+        raise ConfigError(f"{source}: key 'target.profile': {exc}") from None
+    if target.engine != "best" and target.engine not in profile.expert_families:
+        known = ", ".join([*profile.expert_families, "best"])
+        message = f"profile '{profile.name}' has no expert family '{target.engine}' (known: {known})"
+        raise ConfigError(f"{source}: key 'target.engine': {message}")
+
+
+def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudySection:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: key 'study' must be a table")
+    unknown = set(table) - {"models", "workloads", "policies"}
+    if unknown:
+        raise ConfigError(f"{source}: key 'study.{sorted(unknown)[0]}': unknown key (known: models, policies, workloads)")
+    models = table.get("models", [])
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise ConfigError(f"{source}: key 'study.models' must be a list of model preset names")
+    if models and cost.kind != "steptime":
+        raise ConfigError(f"{source}: key 'study.models': a study over models needs cost.kind = 'steptime'")
+    workloads_table = table.get("workloads", {})
+    if not isinstance(workloads_table, dict) or not workloads_table:
+        raise ConfigError(f"{source}: key 'study.workloads' must hold at least one [study.workloads.NAME] acceptance table")
+    workloads = tuple((name, acceptance_from_table(t, f"study.workloads.{name}", source, base_dir)) for name, t in workloads_table.items())
+    policy_tables = table.get("policies", [])
+    if not isinstance(policy_tables, list) or not policy_tables:
+        raise ConfigError(f"{source}: key 'study.policies' must hold at least one [[study.policies]] table")
+    policies = tuple(policy_from_table(t, f"study.policies[{i}]", source, base_dir) for i, t in enumerate(policy_tables))
+    for name, acceptance in workloads:
+        for policy in policies:
+            _check_cap(acceptance, policy, f"study.workloads.{name}", source)
+    return StudySection(models=tuple(models), workloads=workloads, policies=policies)
+
+
+def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimConfig:
+    """A SimConfig from parsed TOML."""
+    for key in data:
+        if key not in SECTIONS:
+            raise ConfigError(f"{source}: key '{key}': unknown section (known: {', '.join(SECTIONS)})")
+
+    def section(cls: type, name: str) -> Any:
+        return build(cls, data.get(name, {}), name, source, base_dir)
+
+    cost = section(CostSection, "cost")
+    target = section(TargetSection, "target")
+    target = dataclasses.replace(target, model=resolve_path(target.model, base_dir), profile=resolve_path(target.profile, base_dir))
+    trace = section(TraceSection, "trace") if "trace" in data else None
+    if trace is not None and trace.synth is not None:
+        if target.model is None:
+            raise ConfigError(f"{source}: key 'target.model' is required to synthesise a trace (trace.synth)")
+        try:
+            make_generator(trace.synth, **trace.synth_params)
+        except InputError as exc:
+            raise ConfigError(f"{source}: key 'trace.synth': {exc}") from None
+    if cost.kind == "steptime":
+        for key in ("model", "profile"):
+            if getattr(target, key) is None:
+                raise ConfigError(f"{source}: key 'target.{key}' is required with cost.kind = 'steptime'")
+        if trace is None:
+            raise ConfigError(f"{source}: key 'trace' is required with cost.kind = 'steptime' (the routing the passes replay)")
+    if "acceptance" not in data:
+        raise ConfigError(f"{source}: key 'acceptance' is required (a table with 'model')")
+    if "policy" not in data:
+        raise ConfigError(f"{source}: key 'policy' is required (a table with 'name')")
+    acceptance = acceptance_from_table(data["acceptance"], "acceptance", source, base_dir)
+    policy = policy_from_table(data["policy"], "policy", source, base_dir)
+    _check_cap(acceptance, policy, "acceptance", source)
+    config = SimConfig(
+        source=source,
+        run=section(RunSection, "run"),
+        workload=section(Workload, "workload"),
+        arrivals=section(Arrivals, "arrivals"),
+        batching=section(Batching, "batching"),
+        trace=trace,
+        cost=cost,
+        target=target,
+        drafter=section(DrafterSection, "drafter"),
+        acceptance=acceptance,
+        policy=policy,
+        study=_study(data["study"], source, base_dir, cost) if "study" in data else None,
+    )
+    _check_target(target, config.drafter if cost.kind == "steptime" else None, config.models(), source)
+    if trace is not None and trace.path is not None and MODEL_PLACEHOLDER in str(trace.path):
+        for model in config.models():
+            path = trace.path_for(model)
+            if model is None or not path.is_file():  # type: ignore[union-attr]
+                raise ConfigError(f"{source}: key 'trace.path': no such trace file {path} (model {model})")
+    return config
+
+
+def load_config(path: str | Path) -> SimConfig:
+    """Read and validate a simulation config file."""
+    path = Path(path)
+    return config_from_dict(read_toml(path, "config"), str(path), path.parent)

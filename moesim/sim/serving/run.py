@@ -1,0 +1,265 @@
+"""Running a simulation config: trace and cost model set up, the server run under the policy and
+(for comparison) with speculation off, outputs assembled; and study grids of such runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from moesim.atomic import atomic_dir, check_out_dir
+from moesim.errors import ConfigError, InputError, MoesimError
+from moesim.fields import FieldError, dump
+from moesim.hw_profiles import load_profile
+from moesim.models import load_preset
+from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
+from moesim.sim.cost.steptime import StepTimeModel
+from moesim.sim.cost.trace_batch import TraceBatchCost
+from moesim.sim.serving.acceptance import AcceptanceModel
+from moesim.sim.serving.config import SimConfig
+from moesim.sim.serving.outputs import iterations_table, requests_table, summary, write_arrow, write_run
+from moesim.sim.serving.policies import Off, Policy
+from moesim.sim.serving.server import Server, ServerRecord
+from moesim.sim.serving.workload import TraceWindows
+from moesim.tracegen.formats.trace import Trace, read_trace
+from moesim.tracegen.routing.synth import make_generator, synthesize
+
+Progress = Callable[[float], None]
+
+
+def load_trace(config: SimConfig, model: str | None) -> Trace | None:
+    """The config's trace for `model`: read from its file or synthesised (None without [trace])."""
+    section = config.trace
+    if section is None:
+        return None
+    if section.synth is not None:
+        try:
+            generator = make_generator(section.synth, **section.synth_params)
+            return synthesize(load_preset(model or ""), generator, section.tokens, section.seqs, section.seed, config.target.weight_format)
+        except InputError as exc:
+            raise ConfigError(f"{config.source}: key 'trace.synth': {exc}") from None
+    path = section.path_for(model)
+    try:
+        return read_trace(path)  # type: ignore[arg-type]
+    except InputError as exc:
+        raise ConfigError(f"{config.source}: key 'trace.path': {exc}") from None
+
+
+def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None) -> BatchCostModel:
+    """The cost model the config names: the pass-cost table, or the step-time model of the target
+    `model` (default: the config's) on its profile replaying the trace (`TraceBatchCost`)."""
+    cost = config.cost
+    if cost.kind == "table":
+        return TablePassCost(np.asarray(cost.target_us, np.float64), cost.draft_step_us, cost.prefill_us_per_token)
+    target = config.target
+    name = model or target.model
+    try:
+        preset = load_preset(name or "")
+        step_time = StepTimeModel(preset, load_profile(target.profile or ""), target.engine, target.weight_format or "")
+        drafter = make_drafter(config.drafter.spec(), preset)
+    except MoesimError as exc:
+        raise ConfigError(f"{config.source}: key 'target': {exc}") from None
+    try:
+        return TraceBatchCost(step_time, trace, drafter, cost.prefill_chunk)  # type: ignore[arg-type]
+    except MoesimError as exc:
+        raise ConfigError(f"{config.source}: key 'trace': {exc}") from None
+
+
+def trace_windows(config: SimConfig, trace: Trace | None, k_cap: int) -> TraceWindows | None:
+    """Where requests decode in the trace; every sequence must hold the largest verify window."""
+    if trace is None or config.trace is None:
+        return None
+    try:
+        return TraceWindows.from_trace(trace, config.trace.offset_stride, k_cap + 1, trace.meta.geometry.model)
+    except FieldError as exc:
+        key = "path" if config.trace.path is not None else "tokens"
+        raise ConfigError(f"{config.source}: key 'trace.{key}': {exc.detail}") from None
+
+
+def run_server(
+    config: SimConfig,
+    cost: BatchCostModel,
+    trace: Trace | None,
+    policy: Policy,
+    acceptance: AcceptanceModel,
+    progress: Progress | None = None,
+) -> ServerRecord:
+    """One server run of the config's workload under `policy` and `acceptance`."""
+    server = Server(
+        cost=cost,
+        policy=policy,
+        acceptance=acceptance,
+        workload=config.workload,
+        arrivals=config.arrivals,
+        max_batch=config.batching.max_batch,
+        requests=config.run.requests,
+        duration_us=config.run.duration_s * 1e6,
+        seed=config.run.seed,
+        windows=trace_windows(config, trace, policy.k_cap),
+        progress=progress,
+    )
+    return server.run()
+
+
+def _scaled(progress: Progress | None, low: float, high: float) -> Progress | None:
+    if progress is None:
+        return None
+    return lambda fraction: progress(low + (high - low) * fraction)
+
+
+def describe_entry(entry: Any, selector: str) -> dict[str, Any]:
+    """A registry entry (policy, acceptance model) as its config table."""
+    return {selector: entry.name, **dump(entry)}
+
+
+def policy_label(policy: Policy) -> str:
+    """The policy's name and the keys that differ from their defaults (required keys always)."""
+    parts = []
+    for field in dataclasses.fields(policy):  # type: ignore[arg-type]
+        value = getattr(policy, field.name)
+        if field.default is dataclasses.MISSING or value != field.default:
+            parts.append(f"{field.name}={value}")
+    return " ".join([policy.name, *parts])
+
+
+def _alphas(acceptance: AcceptanceModel, record: ServerRecord, seed: int) -> np.ndarray:
+    return np.array([acceptance.mean_alpha(r.rid, seed) for r in record.requests], np.float64)
+
+
+@dataclass
+class SimResult:
+    """One simulated run, with its speculation-off twin when compared."""
+
+    config: SimConfig
+    record: ServerRecord
+    off: ServerRecord | None
+    summary: dict[str, Any]
+
+    def tables(self) -> dict[str, pa.Table]:
+        """requests and iterations tables."""
+        alphas = _alphas(self.config.acceptance, self.record, self.config.run.seed)
+        return {"requests": requests_table(self.record, alphas, self.off), "iterations": iterations_table(self.record)}
+
+    def write(self, out_dir: Path) -> None:
+        """The per-request and per-iteration Arrow tables and summary.json in `out_dir` (atomically)."""
+        write_run(out_dir, self.tables(), self.summary)
+
+
+def describe_config(config: SimConfig) -> dict[str, Any]:
+    """What a summary says about the run it summarises."""
+    return {
+        "policy": describe_entry(config.policy, "name"),
+        "policy_label": policy_label(config.policy),
+        "acceptance": describe_entry(config.acceptance, "model"),
+        "seed": config.run.seed,
+        "max_batch": config.batching.max_batch,
+        "arrivals": dump(config.arrivals),
+        "cost": config.cost.kind,
+        "model": config.target.model,
+    }
+
+
+def simulate(config: SimConfig, progress: Progress | None = None) -> SimResult:
+    """Run the config (not a study): the policy, and speculation off when `compare_off`."""
+    trace = load_trace(config, config.target.model)
+    cost = build_cost(config, trace)
+    split = 0.5 if config.run.compare_off else 1.0
+    record = run_server(config, cost, trace, config.policy, config.acceptance, _scaled(progress, 0.0, split))
+    off = None
+    if config.run.compare_off:
+        off = (
+            record
+            if config.policy.name == "off"
+            else run_server(config, cost, trace, Off(), config.acceptance, _scaled(progress, split, 1.0))
+        )
+    return SimResult(config, record, off, summary(record, off, describe_config(config)))
+
+
+STUDY_COLUMNS = (
+    "throughput_tok_s",
+    "speedup",
+    "tpot_speedup",
+    "tpot_mean_us",
+    "tpot_p99_us",
+    "worst_slowdown",
+    "mean_draft_len",
+    "acceptance_rate",
+    "tokens_per_pass",
+)
+
+
+def run_study(config: SimConfig, progress: Progress | None = None) -> pl.DataFrame:
+    """Every model × workload × policy of the config's study, each against speculation off
+    (one off run per model and workload, shared by its policies): one row per cell."""
+    study = config.study
+    if study is None:
+        raise ConfigError(f"{config.source}: key 'study' is missing")
+    models = config.models()
+    cells = len(models) * len(study.workloads) * (len(study.policies) + 1)
+    done = 0
+    rows = []
+    for model in models:
+        cell_config = config.with_cell(model, config.acceptance, config.policy)
+        cell_trace = load_trace(cell_config, model)
+        cost = build_cost(cell_config, cell_trace)
+        for workload, acceptance in study.workloads:
+            off = run_server(cell_config, cost, cell_trace, Off(), acceptance, _scaled(progress, done / cells, (done + 1) / cells))
+            done += 1
+            for policy in study.policies:
+                if policy.name == "off":
+                    record = off
+                else:
+                    step = _scaled(progress, done / cells, (done + 1) / cells)
+                    record = run_server(cell_config.with_cell(model, acceptance, policy), cost, cell_trace, policy, acceptance, step)
+                done += 1
+                stats = summary(record, off, {})
+                rows.append(
+                    {
+                        "model": model or "-",
+                        "workload": workload,
+                        "policy": policy_label(policy),
+                        **{column: float(stats[column]) for column in STUDY_COLUMNS},
+                    }
+                )
+    return pl.DataFrame(rows)
+
+
+def write_study(out_dir: Path, table: pl.DataFrame) -> None:
+    """study.arrow and study.csv in `out_dir` (atomically)."""
+    with atomic_dir(out_dir) as staging:
+        write_arrow(staging / "study.arrow", table.to_arrow())
+        table.write_csv(staging / "study.csv")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What `simulate_to` ran and wrote: a study's table, or one run's result."""
+
+    out_dir: Path
+    study: pl.DataFrame | None = None
+    result: SimResult | None = None
+
+
+def default_out_dir(config: SimConfig) -> Path:
+    """The output folder when none is given: the config's name + '-sim', in the working folder."""
+    return Path(f"{Path(config.source).stem}-sim")
+
+
+def simulate_to(config: SimConfig, out_dir: Path | None = None, progress: Progress | None = None) -> Outcome:
+    """`moesim simulate`: the config's study or run, written to `out_dir` (checked before running)."""
+    out_dir = out_dir if out_dir is not None else default_out_dir(config)
+    check_out_dir(out_dir)
+    if config.study is not None:
+        table = run_study(config, progress)
+        write_study(out_dir, table)
+        return Outcome(out_dir, study=table)
+    result = simulate(config, progress)
+    result.write(out_dir)
+    return Outcome(out_dir, result=result)

@@ -1,0 +1,376 @@
+"""The SimPy server: continuous batching of speculative decoding, one process per server.
+
+Each iteration of the server:
+1. admits queued requests (FIFO) while the batch holds fewer than `max_batch`; each admitted
+   request is prefilled in this iteration (its prefill pass, `prefill_us(prompt_tokens)`, runs
+   before the decode pass and stalls the batch; not mixed into decode passes) and yields its first
+   output token at the iteration's end; it decodes from the next iteration on;
+2. asks the policy for the draft length k of every decoding request, capped at the request's
+   remaining tokens − 1;
+3. costs the iteration: drafting (`draft_us(k per request, context)`), then one verify pass of
+   the batch (`verify_us` over each request's window of k + 1 positions of its trace sequence,
+   see `moesim.sim.serving.workload.TraceWindows`);
+4. advances the clock by prefill + draft + verify, then draws each request's accepted count
+   (its acceptance model, min(k, A)) and commits accepted + 1 tokens;
+5. retires finished requests (closed loop: each is replaced by a new arrival at once).
+
+Arrivals are a second process only for Poisson arrivals. Costs come from a `BatchCostModel`;
+a `TablePassCost` is expanded into lookup lists before the loop starts. Everything the outputs
+need is appended to flat lists (no per-iteration allocation beyond them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
+from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance
+from moesim.sim.serving.policies import Controller, Policy
+from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
+
+PROGRESS_EVERY = 4096  # iterations between progress callbacks
+
+
+class Request:
+    """One request's state during the run."""
+
+    __slots__ = (
+        "acceptance",
+        "arrival_us",
+        "decoded",
+        "finish_us",
+        "first_token_us",
+        "output_tokens",
+        "policy_state",
+        "pos",
+        "pos_end",
+        "pos_start",
+        "prompt_tokens",
+        "remaining",
+        "rid",
+        "seq",
+        "trace_start",
+        "wraps",
+    )
+
+    def __init__(self, rid: int, arrival_us: float, prompt_tokens: int, output_tokens: int, acceptance: RequestAcceptance) -> None:
+        self.rid = rid
+        self.arrival_us = arrival_us
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.acceptance = acceptance
+        self.remaining = output_tokens - 1  # tokens left after the prefill's first token
+        self.decoded = 0  # tokens committed by decode passes
+        self.first_token_us = math.nan
+        self.finish_us = math.nan
+        self.policy_state: Any = None
+        self.seq = -1
+        self.pos = 0
+        self.pos_start = 0
+        self.pos_end = 0
+        self.trace_start = -1
+        self.wraps = 0
+
+
+@dataclass
+class ServerRecord:
+    """What one run produced, as flat arrays (turned into tables by `moesim.sim.serving.outputs`)."""
+
+    end_us: float
+    # per iteration
+    start_us: np.ndarray
+    prefill_us: np.ndarray
+    draft_us: np.ndarray
+    verify_us: np.ndarray
+    batch: np.ndarray  # decoding requests
+    admitted: np.ndarray  # requests prefilled
+    distinct_experts: np.ndarray  # mean distinct experts per MoE layer of the verify pass (NaN: not reported or no decode)
+    # per (iteration, decoding request), iteration-major
+    step_request: np.ndarray
+    step_draft_len: np.ndarray
+    step_accepted: np.ndarray
+    # per request, in request id order (issued requests only)
+    requests: list[Request]
+
+
+class _TableCoster:
+    """Pass times of a TablePassCost expanded into lists: verify by total tokens, draft by max k."""
+
+    def __init__(self, cost: TablePassCost, max_total: int, k_cap: int) -> None:
+        self.cost = cost
+        self.verify = [0.0] + [cost.pass_us(n) for n in range(1, max_total + 1)]
+        self.draft = [cost.draft_step_us * k for k in range(k_cap + 1)]
+
+    def iteration(self, batch: list[Request], draft_lens: list[int]) -> tuple[float, float]:
+        """(draft µs, verify µs)."""
+        return self.draft[max(draft_lens)], self.verify[sum(draft_lens) + len(draft_lens)]
+
+
+class _ProtocolCoster:
+    """Any BatchCostModel, asked with the batch's windows as numpy arrays."""
+
+    def __init__(self, cost: BatchCostModel) -> None:
+        self.cost = cost
+
+    def iteration(self, batch: list[Request], draft_lens: list[int]) -> tuple[float, float]:
+        """(draft µs, verify µs) of the batch at these draft lengths; windows that would cross a
+        sequence end are costed where the server will put them (wrapped)."""
+        ks = np.array(draft_lens, np.int64)
+        seqs = np.array([r.seq for r in batch], np.int64)
+        starts = np.array([r.pos if r.pos + k < r.pos_end else r.pos_start for r, k in zip(batch, draft_lens, strict=True)], np.int64)
+        context = np.array([r.prompt_tokens + r.decoded + 1 for r in batch], np.int64)
+        return self.cost.draft_us(ks, context), self.cost.verify_us(seqs, starts, ks + 1, context)
+
+
+class Server:
+    """One simulated server serving a workload under a policy (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cost: BatchCostModel,
+        policy: Policy,
+        acceptance: AcceptanceModel,
+        workload: Workload,
+        arrivals: Arrivals,
+        max_batch: int,
+        requests: int,
+        duration_us: float,
+        seed: int,
+        windows: TraceWindows | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        if requests <= 0 and not duration_us > 0:
+            raise ValueError("a run needs a request count or a duration")
+        self.cost = cost
+        self.policy = policy
+        self.controller: Controller = policy.controller()
+        self.acceptance = acceptance
+        self.workload = workload
+        self.arrivals = arrivals
+        self.max_batch = max_batch
+        self.total_requests = requests  # 0: unlimited (the duration ends the run)
+        self.duration_us = duration_us
+        self.seed = seed
+        self.windows = windows
+        self.progress = progress
+        self.k_cap = policy.k_cap
+        if isinstance(cost, TablePassCost):
+            self.coster: _TableCoster | _ProtocolCoster = _TableCoster(cost, max_batch * (self.k_cap + 1), self.k_cap)
+        else:
+            self.coster = _ProtocolCoster(cost)
+        self.env = simpy.Environment()
+        self.queue: deque[Request] = deque()
+        self.issued: list[Request] = []
+        self.completed = 0
+        self._wake: simpy.Event | None = None
+
+    # ---- services for controllers -----------------------------------------------------------
+
+    def iteration_us(self, batch: list[Request], draft_lens: list[int]) -> float:
+        """Draft + verify time of `batch` at `draft_lens` (no side effects)."""
+        draft, verify = self.coster.iteration(batch, draft_lens)
+        return draft + verify
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def _issue(self) -> None:
+        """Create the next request, arriving now, and queue it."""
+        rid = len(self.issued)
+        prompt, output = self.workload.lengths(rid)
+        request = Request(rid, self.env.now, prompt, output, self.acceptance.bind(rid, output, self.k_cap, self.seed))
+        if self.windows is not None:
+            request.seq, request.pos, request.pos_start, request.pos_end = self.windows.place(rid)
+            request.trace_start = request.pos
+        self.issued.append(request)
+        self.queue.append(request)
+        if self._wake is not None:
+            wake, self._wake = self._wake, None
+            wake.succeed()
+
+    def _can_issue(self) -> bool:
+        return not self.total_requests or len(self.issued) < self.total_requests
+
+    def _poisson(self) -> Generator[simpy.Event, None, None]:
+        timeout = self.env.timeout
+        for gap in self.arrivals.gaps_us(self.seed):
+            if not self._can_issue():
+                return
+            yield timeout(gap)
+            self._issue()
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _loop(self) -> Generator[simpy.Event, None, None]:
+        env = self.env
+        timeout = env.timeout
+        queue = self.queue
+        controller = self.controller
+        adaptive = controller.adaptive
+        coster = self.coster
+        prefill_cost = self.cost.prefill_us
+        windows = self.windows is not None
+        max_batch = self.max_batch
+        closed = self.arrivals.kind == "closed"
+        k_cap = self.k_cap
+        no_admissions: tuple[Request, ...] = ()
+        active: list[Request] = []
+        rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = self._it = ([], [], [], [], [])
+        # a cost model that counts the verify pass's routing says so after each call (`last_distinct_experts`)
+        reports = self.cost if hasattr(self.cost, "last_distinct_experts") else None
+        rec_admit_at, rec_prefill, rec_admitted = self._admissions = ([], [], [])  # sparse: iterations that prefilled
+        step_request, step_k, step_acc = self._steps = ([], [], [])
+        progress = self.progress
+        countdown = PROGRESS_EVERY
+        clock = env.now
+        while True:
+            admitted: tuple[Request, ...] | list[Request] = no_admissions
+            prefill_us = 0.0
+            if queue and len(active) < max_batch:
+                admitted = []
+                while queue and len(active) + len(admitted) < max_batch:
+                    request = queue.popleft()
+                    admitted.append(request)
+                    prefill_us += prefill_cost(request.prompt_tokens)
+            n = len(active)
+            if n:
+                wanted = controller.draft_lens(active, self)
+                ks = []
+                for i in range(n):
+                    k = wanted[i]
+                    if k > k_cap:
+                        k = k_cap
+                    remaining = active[i].remaining
+                    if k >= remaining:
+                        k = remaining - 1
+                    ks.append(k)
+                draft_us, verify_us = coster.iteration(active, ks)
+                rec_distinct.append(reports.last_distinct_experts if reports is not None else math.nan)
+                if windows:
+                    for i in range(n):
+                        request = active[i]
+                        if request.pos + ks[i] >= request.pos_end:
+                            request.pos = request.pos_start
+                            request.wraps += 1
+            elif admitted:
+                ks = []
+                draft_us = verify_us = 0.0
+                rec_distinct.append(math.nan)
+            else:
+                if not self._can_issue():
+                    return
+                self._wake = env.event()
+                yield self._wake
+                clock = env.now
+                continue
+            rec_start.append(clock)
+            yield timeout(prefill_us + draft_us + verify_us)
+            clock = env.now
+            if admitted:
+                rec_admit_at.append(len(rec_draft))
+                rec_prefill.append(prefill_us)
+                rec_admitted.append(len(admitted))
+            rec_draft.append(draft_us)
+            rec_verify.append(verify_us)
+            rec_batch.append(n)
+            if n:
+                committed = [] if adaptive else None
+                finished = False
+                for i in range(n):
+                    request = active[i]
+                    k = ks[i]
+                    accepted = request.acceptance.draw(request.decoded)
+                    if accepted > k:
+                        accepted = k
+                    c = accepted + 1
+                    request.decoded += c
+                    request.pos += c
+                    request.remaining -= c
+                    if not request.remaining:
+                        finished = True
+                    step_request.append(request.rid)
+                    step_k.append(k)
+                    step_acc.append(accepted)
+                    if committed is not None:
+                        committed.append(c)
+                if committed is not None:
+                    controller.observe(active, ks, committed, draft_us + verify_us, self)
+                if finished:
+                    still = []
+                    for request in active:
+                        if request.remaining:
+                            still.append(request)
+                        else:
+                            self._finish(request, clock, closed)
+                    active = still
+            for request in admitted:
+                request.first_token_us = clock
+                if request.remaining:
+                    controller.attach(request)
+                    active.append(request)
+                else:
+                    self._finish(request, clock, closed)
+            if progress is not None:
+                countdown -= 1
+                if not countdown:
+                    countdown = PROGRESS_EVERY
+                    progress(self._done_fraction())
+
+    def _finish(self, request: Request, now: float, closed: bool) -> None:
+        request.finish_us = now
+        self.completed += 1
+        if closed and self._can_issue():
+            self._issue()
+
+    def _done_fraction(self) -> float:
+        if self.total_requests:
+            fraction = self.completed / self.total_requests
+            if self.duration_us > 0:
+                fraction = max(fraction, self.env.now / self.duration_us)
+            return min(fraction, 1.0)
+        return min(self.env.now / self.duration_us, 1.0)
+
+    def run(self) -> ServerRecord:
+        """Simulate until every request is done or the duration has passed."""
+        if self.arrivals.kind == "closed":
+            for _ in range(min(self.arrivals.concurrency, self.total_requests or self.arrivals.concurrency)):
+                self._issue()
+        else:
+            self.env.process(self._poisson())
+        self.env.process(self._loop())
+        if self.duration_us > 0:
+            self.env.run(until=self.duration_us)
+        else:
+            self.env.run()
+        return self._record()
+
+    def _record(self) -> ServerRecord:
+        start, draft, verify, batch, distinct = self._it
+        admit_at, prefill_sparse, admitted_sparse = self._admissions
+        step_request, step_k, step_acc = self._steps
+        n_iter = len(draft)  # an iteration cut by the duration has a start but no end
+        prefill = np.zeros(n_iter)
+        admitted = np.zeros(n_iter, np.int64)
+        prefill[admit_at] = prefill_sparse
+        admitted[admit_at] = admitted_sparse
+        return ServerRecord(
+            end_us=float(self.env.now),
+            start_us=np.asarray(start[:n_iter], np.float64),
+            prefill_us=prefill,
+            draft_us=np.asarray(draft, np.float64),
+            verify_us=np.asarray(verify, np.float64),
+            batch=np.asarray(batch, np.int64),
+            admitted=admitted,
+            distinct_experts=np.asarray(distinct[:n_iter], np.float64),
+            step_request=np.asarray(step_request, np.int64),
+            step_draft_len=np.asarray(step_k, np.int64),
+            step_accepted=np.asarray(step_acc, np.int64),
+            requests=self.issued,
+        )

@@ -1,0 +1,295 @@
+"""The sweep config: frozen dataclasses parsed from TOML (`moesim sweep CONFIG.toml`).
+
+    [sweep]       executor ("local" | "ray"), workers, ray_address, max_batches
+    [grid]        models, profiles, engines, drafters, alpha (a list or {start, stop, num}),
+                  max_draft (k = 0..max_draft), max_pass (n = 1..max_pass), batch, context, weight_format
+    [[routing]]   name, and either generator (+ params, tokens, seqs, seed) or trace (a file; may contain {model})
+
+Paths are relative to the config file. Every error is one line naming the file and the key,
+raised before anything runs or is written. Reference: docs/sweeps.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moesim import __version__
+from moesim.errors import ConfigError, MoesimError
+from moesim.fields import FieldError, build, require
+from moesim.hw_profiles import HardwareProfile, load_profile
+from moesim.kernels.windows import MAX_PASS_LIMIT
+from moesim.models import ModelPreset, load_preset
+from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.steptime import check_engine
+from moesim.sim.serving.config import policy_from_table, resolve_path
+from moesim.sim.sweep.executors import EXECUTORS
+from moesim.tomlfile import read_toml
+from moesim.tracegen.routing.synth import make_generator
+
+SWEEP_FORMAT = "moesim.sweep/1"
+MODEL_PLACEHOLDER = "{model}"
+MAX_ALPHA_POINTS = 10_000_000
+
+
+@dataclass(frozen=True)
+class SweepSection:
+    """How the sweep runs (none of it changes the results)."""
+
+    executor: str = "local"
+    workers: int = 0
+    ray_address: str = ""
+    max_batches: int = 64
+
+    def __post_init__(self) -> None:
+        require(self.executor in EXECUTORS, "executor", EXECUTORS.unknown(self.executor))
+        require(self.workers >= 0, "workers", f"must be >= 0 (0: all cores), got {self.workers}")
+        require(self.max_batches >= 1, "max_batches", f"must be >= 1, got {self.max_batches}")
+
+
+def _unique(values: tuple[Any, ...], key: str) -> None:
+    require(len(values) > 0, key, "must list at least one value")
+    seen = [v for i, v in enumerate(values) if v in values[:i]]
+    require(not seen, key, f"lists {seen[0]!r} twice" if seen else "")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes of the sweep. k runs over 0..max_draft and n over 1..max_pass (every value: the best
+    draft length is an argmax over all k); alpha, batch and context are lists (alpha also
+    {start, stop, num}, evenly spaced)."""
+
+    models: tuple[str, ...]
+    profiles: tuple[str, ...] = ("nvidia-h200",)
+    engines: tuple[str, ...] = ("per_slot",)
+    drafters: tuple[str, ...] = ("ngram",)
+    alpha: tuple[float, ...] | dict = field(default_factory=lambda: {"start": 0.0, "stop": 1.0, "num": 101})
+    max_draft: int = 16
+    max_pass: int = 32
+    batch: tuple[int, ...] = (1,)
+    context: tuple[int, ...] = (512,)
+    weight_format: str = ""
+    policies: tuple[dict, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("models", "profiles", "engines", "drafters", "batch", "context"):
+            _unique(getattr(self, key), key)
+        require(0 <= self.max_draft < MAX_PASS_LIMIT, "max_draft", f"must lie in 0..{MAX_PASS_LIMIT - 1}, got {self.max_draft}")
+        require(1 <= self.max_pass <= MAX_PASS_LIMIT, "max_pass", f"must lie in 1..{MAX_PASS_LIMIT}, got {self.max_pass}")
+        require(min(self.batch) >= 1, "batch", f"batch sizes must be >= 1, got {min(self.batch)}")
+        require(min(self.context) >= 0, "context", f"context lengths must be >= 0, got {min(self.context)}")
+        self.alphas  # noqa: B018 (validates)
+
+    @cached_property
+    def alphas(self) -> np.ndarray:
+        """The acceptance rates, checked to lie in [0, 1]."""
+        spec = self.alpha
+        if isinstance(spec, dict):
+            unknown = sorted(set(spec) - {"start", "stop", "num"})
+            require(not unknown, "alpha", f"unknown key '{unknown[0]}' (give start, stop, num)" if unknown else "")
+            try:
+                start, stop, num = float(spec.get("start", 0.0)), float(spec.get("stop", 1.0)), spec.get("num", 101)
+            except (TypeError, ValueError):
+                raise FieldError("alpha", f"start and stop must be numbers, got {spec}") from None
+            require(isinstance(num, int) and not isinstance(num, bool), "alpha", f"num must be an integer, got {num!r}")
+            require(1 <= num <= MAX_ALPHA_POINTS, "alpha", f"num must lie in 1..{MAX_ALPHA_POINTS}, got {num}")
+            require(0.0 <= start <= stop <= 1.0, "alpha", f"need 0 <= start <= stop <= 1, got start={start}, stop={stop}")
+            return np.linspace(start, stop, num)
+        values = np.asarray(spec, np.float64)
+        _unique(tuple(spec), "alpha")
+        bad = values[~np.isfinite(values) | (values < 0) | (values > 1)]
+        require(bad.size == 0, "alpha", f"acceptance rates must lie in [0, 1], got {bad[0] if bad.size else ''}")
+        return values
+
+    @property
+    def max_tokens(self) -> int:
+        """Largest tokens per sequence in any pass the sweep costs: max(max_pass, max_draft + 1)."""
+        return max(self.max_pass, self.max_draft + 1)
+
+
+@dataclass(frozen=True)
+class SimulateSection:
+    """The SimPy cells (one per grid.policies entry): geometric acceptance at each `alpha`, a closed
+    loop of B requests (B from grid.batch), `requests` requests of `prompt_tokens` + `output_tokens`."""
+
+    alpha: tuple[float, ...] = (0.6, 0.8, 0.9)
+    requests: int = 16
+    prompt_tokens: int = 128
+    output_tokens: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _unique(self.alpha, "alpha")
+        bad = [a for a in self.alpha if not 0.0 <= a <= 1.0]
+        require(not bad, "alpha", f"acceptance rates must lie in [0, 1], got {bad[0] if bad else ''}")
+        require(self.requests >= 1, "requests", f"must be >= 1, got {self.requests}")
+        require(self.prompt_tokens >= 0, "prompt_tokens", f"must be >= 0, got {self.prompt_tokens}")
+        require(self.output_tokens >= 1, "output_tokens", f"must be >= 1, got {self.output_tokens}")
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where routing features come from: a synthetic generator (drawn per model: `max(seqs, B)`
+    sequences of `tokens` tokens for a batch of B, so batch lanes are different sequences) or a
+    recorded trace (a file per model with {model} in its path, or one file applied to the models
+    that route like it)."""
+
+    name: str
+    generator: str = ""
+    params: dict = field(default_factory=dict)
+    tokens: int = 1024
+    seqs: int = 8
+    seed: int = 0
+    trace: Path | None = None
+
+    def __post_init__(self) -> None:
+        require(bool(self.name), "name", "must be a non-empty string")
+        require(bool(self.generator) != (self.trace is not None), "generator", "give exactly one of 'generator' or 'trace'")
+        if self.generator:
+            try:
+                make_generator(self.generator, **self.params)
+            except (MoesimError, TypeError) as exc:
+                raise FieldError("params" if self.params else "generator", str(exc)) from None
+        else:
+            require(not self.params, "params", "generator parameters need a 'generator'")
+        require(self.tokens >= 1, "tokens", f"must be >= 1, got {self.tokens}")
+        require(self.seqs >= 1, "seqs", f"must be >= 1, got {self.seqs}")
+
+    def trace_for(self, model: str) -> Path | None:
+        """The trace file for `model` ({model} replaced), or None for a generator."""
+        return None if self.trace is None else Path(str(self.trace).replace(MODEL_PLACEHOLDER, model))
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "builtin"
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A parsed sweep config."""
+
+    source: str
+    sweep: SweepSection
+    grid: Grid
+    routing: tuple[Routing, ...]
+    simulate: SimulateSection = SimulateSection()
+
+    def key(self, name: str) -> str:
+        """'FILE: key NAME' for error messages."""
+        return f"{self.source}: key '{name}'"
+
+    @cached_property
+    def identity(self) -> dict[str, Any]:
+        """Everything the results depend on (not the executor): the grid, the routing, the
+        sha256 of every file named, and the moesim version."""
+        g = self.grid
+        files = [Path(p) for p in (*g.models, *g.profiles, *g.drafters) if Path(p).suffix in (".toml", ".json")]
+        files += [r.trace_for(m) for r in self.routing for m in g.models if r.trace is not None]  # type: ignore[misc]
+        return {
+            "format": SWEEP_FORMAT,
+            "moesim": __version__,
+            "max_batches": self.sweep.max_batches,
+            "grid": {**dataclasses.asdict(g), "alpha": g.alphas.tolist()},
+            "routing": [dataclasses.asdict(r) for r in self.routing],
+            "simulate": dataclasses.asdict(self.simulate) if g.policies else None,
+            "files": {str(p): _file_digest(p) for p in sorted(set(files), key=str)},
+        }
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the identity: names the partial-results folder of this config."""
+        return hashlib.sha256(json.dumps(self.identity, sort_keys=True, default=str).encode()).hexdigest()
+
+    @cached_property
+    def presets(self) -> dict[str, ModelPreset]:
+        """Model presets by grid name."""
+        return {m: load_preset(m) for m in self.grid.models}
+
+    @cached_property
+    def profiles(self) -> dict[str, HardwareProfile]:
+        """Hardware profiles by grid name."""
+        return {p: load_profile(p) for p in self.grid.profiles}
+
+
+def _check_names(config: SweepConfig) -> None:
+    """Presets, profiles, engines and drafters resolve (one line naming the grid key otherwise)."""
+    for key, loader in (("models", lambda: config.presets), ("profiles", lambda: config.profiles)):
+        try:
+            loader()
+        except MoesimError as exc:
+            raise ConfigError(f"{config.key('grid.' + key)}: {exc}") from None
+    for name, preset in config.presets.items():
+        if preset.kind != "moe":
+            raise ConfigError(f"{config.key('grid.models')}: model '{name}' has no experts; the sweep needs MoE targets")
+        for drafter in config.grid.drafters:
+            try:
+                make_drafter(drafter, preset)
+            except MoesimError as exc:
+                raise ConfigError(f"{config.key('grid.drafters')}: {exc}") from None
+    for profile in config.profiles.values():
+        for engine in config.grid.engines:
+            try:
+                check_engine(profile, engine)
+            except MoesimError as exc:
+                raise ConfigError(f"{config.key('grid.engines')}: {exc}") from None
+
+
+def _check_routing(config: SweepConfig) -> None:
+    names = [r.name for r in config.routing]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{config.key(f'routing[{i}].name')}: routing '{name}' is named twice")
+    for i, routing in enumerate(config.routing):
+        if routing.trace is not None and MODEL_PLACEHOLDER not in str(routing.trace) and not routing.trace.is_file():
+            raise ConfigError(f"{config.key(f'routing[{i}].trace')}: no such trace file {routing.trace}")
+        if routing.trace is not None and MODEL_PLACEHOLDER in str(routing.trace):
+            for model in config.grid.models:
+                path = routing.trace_for(model)
+                if not path.is_file():  # type: ignore[union-attr]
+                    raise ConfigError(f"{config.key(f'routing[{i}].trace')}: no trace file {path} for model '{model}'")
+
+
+def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConfig:
+    """A sweep config from a parsed TOML document."""
+    unknown = sorted(set(data) - {"sweep", "grid", "routing", "simulate"})
+    if unknown:
+        raise ConfigError(f"{source}: key '{unknown[0]}': unknown section (known: sweep, grid, routing, simulate)")
+    if "grid" not in data:
+        raise ConfigError(f"{source}: key 'grid' is required (at least grid.models)")
+    sweep = build(SweepSection, data.get("sweep", {}), "sweep", source, base_dir)
+    grid = build(Grid, data["grid"], "grid", source, base_dir)
+    grid = dataclasses.replace(
+        grid, **{key: tuple(resolve_path(v, base_dir) for v in getattr(grid, key)) for key in ("models", "profiles", "drafters")}
+    )
+    for i, table in enumerate(grid.policies):
+        policy_from_table(table, f"grid.policies[{i}]", source, base_dir)
+    if "simulate" in data and not grid.policies:
+        raise ConfigError(f"{source}: key 'simulate': SimPy settings without grid.policies (add policies to simulate)")
+    simulate = build(SimulateSection, data.get("simulate", {}), "simulate", source, base_dir)
+    tables = data.get("routing", [{"name": "uniform", "generator": "uniform"}])
+    if not isinstance(tables, list) or not tables:
+        raise ConfigError(f"{source}: key 'routing' must be a non-empty array of tables ([[routing]])")
+    routing = tuple(build(Routing, t, f"routing[{i}]", source, base_dir) for i, t in enumerate(tables))
+    config = SweepConfig(source, sweep, grid, routing, simulate)
+    _check_names(config)
+    _check_routing(config)
+    return config
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and check a sweep config file."""
+    path = Path(path)
+    return parse_config(read_toml(path, "sweep config"), str(path), path.parent)
+
+
+def points_per_unit(config: SweepConfig) -> int:
+    """Analytic (α, k) points one work unit yields."""
+    g = config.grid
+    return len(g.profiles) * len(g.context) * len(g.engines) * len(g.drafters) * g.alphas.size * (g.max_draft + 1)

@@ -1,0 +1,186 @@
+"""One work unit (in a worker): routing features of every pass size once, pass costs of every
+profile × context × engine, the vectorised (α, k) grid of every engine × drafter, and the SimPy
+cells when the grid names policies."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.unions import batch_lanes, batch_windows, union_features_many
+from moesim.kernels.windows import summarize_windows
+from moesim.sim.analysis.best_draft import corner_costs, draft_costs_us
+from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, win_window
+from moesim.sim.analysis.scenario import Scenario
+from moesim.sim.analysis.speculation import best_draft, speedup_table, tokens_per_pass
+from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.steptime import BEST, PassCost, StepTimeModel
+from moesim.sim.sweep.cells import SimulationTally, simulation_rows
+from moesim.sim.sweep.config import Routing, SweepConfig
+from moesim.sim.sweep.plan import WorkUnit
+from moesim.sim.sweep.schema import POLARS_SCHEMA, SCHEMA, TALLY_KEY
+from moesim.tracegen.formats.trace import Trace, read_trace
+from moesim.tracegen.routing.synth import make_generator, synthesize
+
+_TRACES: dict[str, Trace] = {}  # per process: the last traces drawn or read
+
+
+def synthetic_layout(routing: Routing, batch: int, max_tokens: int) -> tuple[int, int]:
+    """(sequences, tokens each) drawn for a batch of B: the routing's seqs × tokens positions in all,
+    as max(seqs, B) equal sequences (batch lanes are different sequences) of at least max_tokens."""
+    seqs = max(routing.seqs, batch)
+    return seqs, max(routing.tokens * routing.seqs // seqs, max_tokens)
+
+
+def unit_trace(config: SweepConfig, model: str, routing: Routing, batch: int) -> Trace:
+    """The unit's trace: read, or synthesised for the model and batch size; cached per process."""
+    path = routing.trace_for(model)
+    seqs, tokens = synthetic_layout(routing, batch, config.grid.max_tokens)
+    key = str(path) if path is not None else repr((model, routing, seqs, tokens, config.grid.weight_format))
+    if key not in _TRACES:
+        if len(_TRACES) >= 4:
+            _TRACES.pop(next(iter(_TRACES)))
+        if path is not None:
+            _TRACES[key] = read_trace(path)
+        else:
+            generator = make_generator(routing.generator, **routing.params)
+            _TRACES[key] = synthesize(config.presets[model], generator, tokens, seqs, routing.seed, config.grid.weight_format or None)
+    return _TRACES[key]
+
+
+def pass_distributions(
+    trace: Trace, batch: int, max_tokens: int, max_batches: int
+) -> tuple[list[tuple[RoutingFeatures, np.ndarray]], np.ndarray]:
+    """Per-layer feature distributions of passes of B·n tokens, n = 1..max_tokens (B sequences, n
+    each), and the mean distinct experts per layer. B = 1: every window of the trace, exactly;
+    B > 1: the unions of up to `max_batches` lockstep batches of B lanes, each (batch, layer) equally likely."""
+    experts, starts, n_experts = trace.experts, trace.seq_starts, trace.meta.geometry.experts
+    if batch == 1:
+        summary = summarize_windows(experts, starts, n_experts, max_tokens)
+        return [summary.feature_distribution(n) for n in range(1, max_tokens + 1)], summary.mean_distinct_experts()
+    lanes = batch_lanes(starts, batch)
+    distributions, distinct = [], []
+    for n in range(1, max_tokens + 1):
+        union = union_features_many(experts, *batch_windows(lanes, n, max_batches), n_experts)
+        f = union.routing_features()
+        flat = RoutingFeatures(f.n_tokens.ravel(), f.slots.ravel(), f.distinct_experts.ravel(), f.max_tokens_per_expert.ravel())
+        distributions.append((flat, np.full(flat.shape, 1.0 / flat.shape[0])))
+        distinct.append(float(union.distinct_experts.mean()))
+    return distributions, np.asarray(distinct)
+
+
+def _head(cost: PassCost, size: int) -> PassCost:
+    """The first `size` pass sizes of a PassCost."""
+    cut = {f.name: getattr(cost, f.name)[:size] for f in dataclasses.fields(cost) if isinstance(getattr(cost, f.name), np.ndarray)}
+    return dataclasses.replace(
+        cost,
+        **cut,
+        provenance_us={k: np.asarray(v)[:size] for k, v in cost.provenance_us.items()},
+        expert_by_family_us={k: v[:size] for k, v in cost.expert_by_family_us.items()},
+    )
+
+
+def _pass_rows(
+    costs: dict[str, PassCost], profile_dedup: tuple[str, ...], share: np.ndarray, distinct: np.ndarray, size: int
+) -> pl.DataFrame:
+    """One row per engine (every kernel family and `best`) and n = 1..size: T(n) with its interval,
+    u(n), and for dedup families r(n) against per_slot and whether dedup wins at n."""
+    n = np.arange(1, size + 1)
+    heads = {engine: _head(cost, size) for engine, cost in costs.items()}
+    per_slot, share, distinct = heads["per_slot"].expert_us, share[:size], distinct[:size]
+    frames = []
+    for engine, cost in heads.items():
+        columns: dict[str, object] = {
+            "engine": engine,
+            "family": cost.family,
+            "n": n,
+            "time_us": cost.total_us(),
+            "low_us": cost.low_us,
+            "high_us": cost.high_us,
+            "expert_us": cost.expert_us,
+            "dense_us": cost.dense_us,
+            "fixed_us": np.full(size, cost.fixed_us),
+            "distinct_experts": distinct,
+            "byte_share": share,
+            "extrapolation": cost.extrapolation,
+        }
+        if engine in profile_dedup:
+            columns["bandwidth_ratio"] = bandwidth_ratio(per_slot, cost.expert_us, share)
+            columns["dedup_wins"] = np.isin(n, win_window(n, per_slot, cost.expert_us).dedup_wins)
+        frames.append(pl.DataFrame(columns))
+    return pl.concat(frames, how="diagonal_relaxed").with_columns(record=pl.lit("pass"))
+
+
+def _point_rows(alphas: np.ndarray, nominal: np.ndarray, corners: list[np.ndarray], draft: np.ndarray, cost: PassCost) -> pl.DataFrame:
+    """One row per (α, k): τ, C, S at the nominal point and its min..max over the error box's corners,
+    and whether k is the best draft length at α (ties to the larger k)."""
+    k_count = nominal.size
+    table = speedup_table(alphas, nominal)
+    at_corners = np.stack([speedup_table(alphas, c) for c in corners])
+    k_star, _ = best_draft(alphas, nominal)
+    k = np.arange(k_count)
+    verify = cost.total_us()
+    return pl.DataFrame(
+        {
+            "record": "point",
+            "family": np.tile(cost.family, alphas.size),
+            "draft_len": np.tile(k, alphas.size),
+            "alpha": np.repeat(alphas, k_count),
+            "tokens_per_pass": tokens_per_pass(k[None, :], alphas[:, None]).ravel(),
+            "draft_us": np.tile(draft, alphas.size),
+            "verify_us": np.tile(verify, alphas.size),
+            "relative_cost": np.tile(nominal, alphas.size),
+            "speedup": table.ravel(),
+            "speedup_low": at_corners.min(axis=0).ravel(),
+            "speedup_high": at_corners.max(axis=0).ravel(),
+            "best_draft": (k[None, :] == k_star[:, None]).ravel(),
+            "extrapolation": np.tile(np.maximum(cost.extrapolation, cost.extrapolation[0]), alphas.size),
+        }
+    )
+
+
+def _conform(frame: pl.DataFrame, constants: dict[str, object]) -> pl.DataFrame:
+    """The frame with the key constants added and every column of the schema, in order."""
+    frame = frame.with_columns(**{k: pl.lit(v) for k, v in constants.items()})
+    return frame.select([pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c) for c, t in POLARS_SCHEMA.items()])
+
+
+def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
+    """Every pass row and (α, k) point of one unit, as an Arrow table of the sweep schema."""
+    grid = config.grid
+    routing = config.routing[unit.routing]
+    preset = config.presets[unit.model]
+    trace = unit_trace(config, unit.model, routing, unit.batch)
+    weight_format = grid.weight_format or trace.meta.geometry.weight_format
+    distributions, distinct = pass_distributions(trace, unit.batch, grid.max_tokens, config.sweep.max_batches)
+    n = np.arange(1, grid.max_tokens + 1)
+    share = byte_share(distinct, n * unit.batch, preset.top_k)
+    k_count = grid.max_draft + 1
+    frames = []
+    for profile_name, profile in config.profiles.items():
+        engines = [*profile.expert_families, BEST, *(e for e in grid.engines if e not in profile.expert_families and e != BEST)]
+        models = {e: StepTimeModel(preset, profile, e, weight_format) for e in engines}
+        for context in grid.context:
+            keys = {"model": unit.model, "profile": profile_name, "routing": routing.name, "batch": unit.batch, "context_tokens": context}
+            costs = {e: m.expected_pass_cost(distributions, float(unit.batch * context)) for e, m in models.items()}
+            frames.append(_conform(_pass_rows(costs, profile.dedup_families, share, distinct, grid.max_pass), keys))
+            for spec in grid.drafters:
+                scenario = Scenario(models[BEST], trace, make_drafter(spec, preset), context)
+                draft = draft_costs_us(scenario, grid.max_draft, unit.batch)  # the drafter runs on the dense family: any engine
+                uses_dense = scenario.drafter.provenance == "profile"
+                for engine in grid.engines:
+                    cost = _head(costs[engine], k_count)
+                    nominal, *corners = corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
+                    points = _point_rows(grid.alphas, nominal, corners, draft, cost)
+                    frames.append(_conform(points, {**keys, "engine": engine, "drafter": spec}))
+    tally = SimulationTally()
+    if grid.policies:
+        cells, tally = simulation_rows(config, unit.model, unit.batch, trace, weight_format)
+        frames.append(_conform(cells, {"model": unit.model, "routing": routing.name, "batch": unit.batch}))
+    table = pl.concat(frames).to_arrow().cast(SCHEMA)
+    return table.replace_schema_metadata({TALLY_KEY: json.dumps(dataclasses.asdict(tally))})

@@ -1,0 +1,145 @@
+"""What every validated row shares: the options, predictions with their bounds, the profile and
+the traces and presets read once, and whole passes through the step-time model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from moesim.errors import InputError
+from moesim.hw_profiles import load_profile
+from moesim.hw_profiles.families import ExpertFamily
+from moesim.hw_profiles.profile import HardwareProfile
+from moesim.kernels.features import RoutingFeatures
+from moesim.models import ModelPreset, builtin_names, load_preset
+from moesim.sim.cost.steptime import StepTimeModel
+from moesim.tracegen.formats.schema import TraceGeometry
+from moesim.tracegen.formats.trace import Trace, read_trace
+
+FEATURE_COLUMNS = ("distinct_experts", "slots", "max_tokens_per_expert")
+FEATURE_FIELDS = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert")  # RoutingFeatures order
+SPEC_COLUMNS = ("draft_len", "accepted_mean", "tokens_per_s")
+SCOPES = ("expert", "pass")
+RUN_SUFFIXES = (".arrow", ".ipc", ".feather")
+EXTRAPOLATION_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """How to predict: the profile, a default trace, the target preset and engine family of pass
+    rows, the KV length of pass rows that carry no position, and row filters (COL=VALUE)."""
+
+    profile: str
+    trace: Path | None = None
+    model: str | None = None
+    engine: str | None = None
+    context_tokens: int = 512
+    filters: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """Predictions of some rows, in the rows' order: time with its bound, extrapolation factor."""
+
+    time_us: np.ndarray
+    low_us: np.ndarray
+    high_us: np.ndarray
+    extrapolation: np.ndarray
+
+    def scaled(self, factor: np.ndarray) -> Predicted:
+        """Times multiplied by a per-row factor (e.g. identical MoE layers)."""
+        return Predicted(self.time_us * factor, self.low_us * factor, self.high_us * factor, self.extrapolation)
+
+    @classmethod
+    def empty(cls, rows: int) -> Predicted:
+        """Zero predictions (filled group by group)."""
+        return cls(np.zeros(rows), np.zeros(rows), np.zeros(rows), np.ones(rows))
+
+    def put(self, index: np.ndarray | list[int], part: Predicted) -> None:
+        """Write a group's predictions at its rows."""
+        for name in ("time_us", "low_us", "high_us", "extrapolation"):
+            getattr(self, name)[index] = getattr(part, name)
+
+    def columns(self) -> list[pl.Series]:
+        """The four prediction columns of predictions.parquet."""
+        return [
+            pl.Series("predicted_us", self.time_us),
+            pl.Series("predicted_low_us", self.low_us),
+            pl.Series("predicted_high_us", self.high_us),
+            pl.Series("extrapolated", self.extrapolation > 1.0 + EXTRAPOLATION_TOLERANCE),
+            pl.Series("_extrapolation", self.extrapolation),
+        ]
+
+
+class Context:
+    """The profile, and the traces and presets read once per validation."""
+
+    def __init__(self, options: ValidateOptions) -> None:
+        self.options = options
+        self.profile: HardwareProfile = load_profile(options.profile)
+        self.warnings: list[str] = []
+        self._traces: dict[Path, Trace] = {}
+        self._presets: dict[str, ModelPreset] = {}
+
+    def trace(self, path: Path) -> Trace:
+        """A trace, read once."""
+        key = path.resolve()
+        if key not in self._traces:
+            self._traces[key] = read_trace(path)
+        return self._traces[key]
+
+    def preset(self, name: str) -> ModelPreset:
+        """A preset, loaded once."""
+        if name not in self._presets:
+            self._presets[name] = load_preset(name)
+        return self._presets[name]
+
+    def family(self, kernel: str, where: str) -> ExpertFamily:
+        """The profile's expert family a row names (a warning when it has no held-out error)."""
+        if kernel == "dense":
+            raise InputError(f"{where}: field 'kernel' is 'dense'; validate predicts expert families and whole passes, not dense rows")
+        if kernel not in self.profile.expert_families:
+            known = ", ".join(self.profile.expert_families)
+            raise InputError(
+                f"{where}: field 'kernel' is '{kernel}', but profile '{self.profile.name}' has no such expert family ({known})"
+            )
+        family = self.profile.expert_families[kernel]
+        if not math.isfinite(family.heldout_error.epsilon):
+            note = f"family '{kernel}' of profile '{self.profile.name}' has no held-out error: its bounds have zero width"
+            if note not in self.warnings:
+                self.warnings.append(note)
+        return family
+
+
+def is_preset_reference(name: str) -> bool:
+    """A built-in MoE preset name or a preset file."""
+    return name in builtin_names("moe") or Path(name).suffix in (".toml", ".json")
+
+
+def pass_prediction(model: StepTimeModel, features: RoutingFeatures, context_tokens: np.ndarray) -> Predicted:
+    """Whole passes (features shaped (passes, MoE layers)) through the step-time model."""
+    cost = model.pass_cost(features, context_tokens)
+    return Predicted(cost.total_us(), cost.low_us, cost.high_us, cost.extrapolation)
+
+
+def target_preset(name: str | None, where: str, ctx: Context, geometry: TraceGeometry | None) -> ModelPreset:
+    """The target preset of whole passes, checked against the routing it replays."""
+    if name is None or not is_preset_reference(str(name)):
+        raise InputError(f"{where}: a whole pass needs the target's preset: column 'model' naming a built-in preset, or --model")
+    preset = ctx.preset(str(name))
+    if preset.kind != "moe":
+        raise InputError(f"{where}: model preset '{preset.name}' has no experts")
+    if geometry is not None and (preset.top_k, preset.experts, preset.moe_layers) != (
+        geometry.top_k,
+        geometry.experts,
+        geometry.moe_layers,
+    ):
+        raise InputError(
+            f"{where}: preset '{preset.name}' (top-{preset.top_k} of {preset.experts}, {len(preset.moe_layers)} MoE layers) does not "
+            f"route like model '{geometry.model}' (top-{geometry.top_k} of {geometry.experts}, {len(geometry.moe_layers)} MoE layers)"
+        )
+    return preset

@@ -1,0 +1,201 @@
+"""Routing-trace format, contract 1 of docs/architecture.md (version 1).
+
+An Arrow IPC file, one row per (sequence, position, MoE layer), sorted by (seq, pos, layer):
+
+| column      | type                                   | meaning                                       |
+|-------------|----------------------------------------|-----------------------------------------------|
+| `seq`       | uint32                                 | sequence (prompt) index, from 0, increasing   |
+| `pos`       | uint32                                 | position in the sequence, 0, 1, 2, ...        |
+| `layer`     | uint16                                 | the model's own layer index of a MoE layer    |
+| `is_prompt` | bool                                   | prompt token (true) or generated (false)      |
+| `experts`   | fixed_size_list<uint8 or uint16>[top_k] | selected expert ids in router order           |
+| `weights`   | fixed_size_list<float32>[top_k]        | optional: gate weights of those experts       |
+| `token`     | int32                                  | optional: token id at this position           |
+
+Every position carries one row for each MoE layer, in the order of `moe_layers`. Schema
+metadata: `moesim.format` = "routing-trace", `moesim.format_version` = "1", and `moesim.meta`
+= JSON of `TraceMeta` (geometry, engine and version, backend, how the prompts were chosen).
+Files are readable by pyarrow, polars and duckdb without moesim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from moesim.errors import InputError
+from moesim.models import ExpertShape, ModelPreset, bytes_per_weight
+
+TRACE_FORMAT = "routing-trace"
+TRACE_FORMAT_VERSION = 1
+META_FORMAT_KEY = b"moesim.format"
+META_VERSION_KEY = b"moesim.format_version"
+META_JSON_KEY = b"moesim.meta"
+
+
+@dataclass(frozen=True)
+class TraceGeometry:
+    """The routing geometry of the traced model (from a preset or from GGUF metadata)."""
+
+    model: str
+    layers: int
+    moe_layers: tuple[int, ...]
+    experts: int
+    top_k: int
+    hidden: int
+    expert_intermediate: int
+    weight_format: str
+    shared_experts: int = 0
+    shared_intermediate: int = 0
+    expert_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.expert_bytes:
+            bytes_ = 3 * self.hidden * self.expert_intermediate * bytes_per_weight(self.weight_format)
+            object.__setattr__(self, "expert_bytes", float(bytes_))
+
+    @classmethod
+    def from_preset(cls, preset: ModelPreset, weight_format: str | None = None, purpose: str = "routing") -> TraceGeometry:
+        """Geometry of a MoE preset in a weight format (default: the preset's own); a dense preset is
+        one line saying what (`purpose`) needs a MoE model."""
+        if preset.kind != "moe":
+            raise InputError(f"model preset '{preset.name}' has no experts; {purpose} needs a MoE model")
+        fmt = (weight_format or preset.default_format).upper()
+        return cls(
+            model=preset.name,
+            layers=preset.layers,
+            moe_layers=preset.moe_layers,
+            experts=preset.experts,
+            top_k=preset.top_k,
+            hidden=preset.hidden,
+            expert_intermediate=preset.expert_intermediate,
+            weight_format=fmt,
+            shared_experts=preset.shared_experts,
+            shared_intermediate=preset.shared_intermediate,
+            expert_bytes=preset.expert_bytes(fmt),
+        )
+
+    @property
+    def expert_shape(self) -> ExpertShape:
+        """Shape of one routed expert."""
+        return ExpertShape(self.hidden, self.expert_intermediate, self.weight_format)
+
+    @property
+    def expert_id_type(self) -> pa.DataType:
+        """The smallest unsigned type that holds every expert id."""
+        return pa.uint8() if self.experts <= 256 else pa.uint16()
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """Everything a trace says about itself besides the rows."""
+
+    geometry: TraceGeometry
+    engine: str = "unknown"
+    engine_version: str = ""
+    backend: str = "unknown"
+    prompts: str = ""
+    generator: dict[str, Any] = field(default_factory=dict)
+    format_version: int = TRACE_FORMAT_VERSION
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys) so the same trace always has the same bytes."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> TraceMeta:
+        """Parse and check the `moesim.meta` JSON."""
+        try:
+            data = json.loads(text)
+            geometry = data.pop("geometry")
+            geometry["moe_layers"] = tuple(int(i) for i in geometry["moe_layers"])
+            meta = cls(geometry=TraceGeometry(**geometry), **data)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"{source}: schema metadata 'moesim.meta' is malformed ({exc.__class__.__name__}: {exc})") from None
+        check_geometry(meta.geometry, source)
+        return meta
+
+
+def check_geometry(geometry: TraceGeometry, source: str) -> None:
+    """Reject a geometry that cannot describe a routing trace."""
+    g = geometry
+    for name in ("layers", "experts", "top_k"):
+        value = getattr(g, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"{source}: metadata field 'geometry.{name}' must be a positive integer, got {value!r}")
+    if g.top_k > g.experts:
+        raise InputError(f"{source}: metadata field 'geometry.top_k' ({g.top_k}) exceeds experts ({g.experts})")
+    if g.experts > 65536:
+        raise InputError(f"{source}: metadata field 'geometry.experts' ({g.experts}) exceeds 65536")
+    layers = list(g.moe_layers)
+    if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] >= g.layers:
+        raise InputError(f"{source}: metadata field 'geometry.moe_layers' must be increasing indices below {g.layers}")
+
+
+def trace_schema(meta: TraceMeta, with_weights: bool, with_tokens: bool) -> pa.Schema:
+    """The Arrow schema of a version-1 trace, metadata included."""
+    k = meta.geometry.top_k
+    fields = [
+        pa.field("seq", pa.uint32(), nullable=False),
+        pa.field("pos", pa.uint32(), nullable=False),
+        pa.field("layer", pa.uint16(), nullable=False),
+        pa.field("is_prompt", pa.bool_(), nullable=False),
+        pa.field("experts", pa.list_(meta.geometry.expert_id_type, k), nullable=False),
+    ]
+    if with_weights:
+        fields.append(pa.field("weights", pa.list_(pa.float32(), k), nullable=False))
+    if with_tokens:
+        fields.append(pa.field("token", pa.int32(), nullable=False))
+    metadata = {
+        META_FORMAT_KEY: TRACE_FORMAT.encode(),
+        META_VERSION_KEY: str(meta.format_version).encode(),
+        META_JSON_KEY: meta.to_json().encode(),
+    }
+    return pa.schema(fields, metadata=metadata)
+
+
+def meta_from_schema(schema: pa.Schema, source: str) -> TraceMeta:
+    """Read and check a trace's schema metadata (format, version, geometry)."""
+    metadata = schema.metadata or {}
+    fmt = metadata.get(META_FORMAT_KEY)
+    if fmt != TRACE_FORMAT.encode():
+        raise InputError(f"{source}: not a moesim routing trace (schema metadata 'moesim.format' is {fmt!r})")
+    version = metadata.get(META_VERSION_KEY, b"").decode(errors="replace")
+    if version != str(TRACE_FORMAT_VERSION):
+        raise InputError(f"{source}: unknown trace format version {version!r} (this moesim reads version {TRACE_FORMAT_VERSION})")
+    meta = TraceMeta.from_json(metadata.get(META_JSON_KEY, b"").decode(errors="replace"), source)
+    if meta.format_version != TRACE_FORMAT_VERSION:
+        raise InputError(f"{source}: metadata field 'format_version' is {meta.format_version}, expected {TRACE_FORMAT_VERSION}")
+    _check_columns(schema, meta, source)
+    return meta
+
+
+def _check_columns(schema: pa.Schema, meta: TraceMeta, source: str) -> None:
+    expected = {"seq": pa.uint32(), "pos": pa.uint32(), "layer": pa.uint16(), "is_prompt": pa.bool_()}
+    for name, dtype in expected.items():
+        if name not in schema.names:
+            raise InputError(f"{source}: column '{name}' is missing")
+        if schema.field(name).type != dtype:
+            raise InputError(f"{source}: column '{name}' has type {schema.field(name).type}, expected {dtype}")
+    if "experts" not in schema.names:
+        raise InputError(f"{source}: column 'experts' is missing")
+    experts = schema.field("experts").type
+    if not pa.types.is_fixed_size_list(experts) or not pa.types.is_unsigned_integer(experts.value_type):
+        raise InputError(f"{source}: column 'experts' has type {experts}, expected a fixed-size list of unsigned ids")
+    if experts.list_size != meta.geometry.top_k:
+        raise InputError(
+            f"{source}: field 'experts' holds {experts.list_size} ids per row but the metadata says top_k = {meta.geometry.top_k}"
+        )
+    if np.iinfo(experts.value_type.to_pandas_dtype()).max < meta.geometry.experts - 1:
+        raise InputError(f"{source}: column 'experts' type {experts.value_type} cannot hold {meta.geometry.experts} experts")
+    if "weights" in schema.names:
+        weights = schema.field("weights").type
+        if not (pa.types.is_fixed_size_list(weights) and weights.value_type == pa.float32() and weights.list_size == meta.geometry.top_k):
+            raise InputError(f"{source}: column 'weights' has type {weights}, expected fixed_size_list<float>[{meta.geometry.top_k}]")
+    if "token" in schema.names and schema.field("token").type != pa.int32():
+        raise InputError(f"{source}: column 'token' has type {schema.field('token').type}, expected int32")

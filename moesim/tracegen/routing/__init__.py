@@ -1,0 +1,1 @@
+"""Synthetic routing: the generators (a registry, `synth`) and their fit to a trace (`fit`)."""

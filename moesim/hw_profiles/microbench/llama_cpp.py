@@ -128,24 +128,11 @@ class LlamaBenchConfig:
 
     def model_spec(self, model: str, vocab: int) -> TinyModelSpec:
         """The builder spec of one of the four models."""
-        moe = model.startswith("moe")
-        shape = self.shape
-        return TinyModelSpec(
-            arch="llama",
-            layers=self.layers * (2 if model.endswith("2L") else 1),
-            experts=shape.experts if moe else 0,
-            top_k=shape.top_k if moe else 0,
-            hidden=shape.hidden,
-            expert_ff=shape.expert_intermediate,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            vocab=vocab,
-            weight_type=shape.weight_format,
-            seed=self.seed,
-            dense_ff=DENSE_FF,
-            context_length=max(4096, self.prefix + max(self.pass_sizes) + 8),
-            name=f"moesim-microbench-{model}",
-        )
+        routed = {} if model.startswith("moe") else {"experts": 0, "top_k": 0}
+        layers = self.layers * (2 if model.endswith("2L") else 1)
+        context_length = max(4096, self.prefix + max(self.pass_sizes) + 8)
+        return self.shape.llama_spec(layers, self.heads, self.kv_heads, vocab, self.seed, f"moesim-microbench-{model}",
+                                     dense_ff=DENSE_FF, context_length=context_length, **routed)  # fmt: skip
 
 
 @dataclass(frozen=True)

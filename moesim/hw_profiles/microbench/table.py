@@ -25,6 +25,7 @@ from moesim.errors import InputError
 from moesim.hw_profiles.measurements.table import DEVICE_NAME, PROVENANCE_NAME, TABLE_NAME, is_family, load_measurements
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape, ModelPreset
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
 
 # Column order of a runner's table: the contract's columns first, then the runner's own.
 COLUMNS = (
@@ -69,6 +70,13 @@ class MoeShape:
     def dtype(self) -> str:
         """Weight format as the tables spell it (lower case, as in the H200 table)."""
         return self.weight_format.lower()
+
+    def llama_spec(self, layers: int, heads: int, kv_heads: int, vocab: int, seed: int, name: str, **extra: Any) -> TinyModelSpec:
+        """A llama (Mixtral-style) model of these routed experts for the tiny-model builder (`extra`:
+        other spec fields; experts=0, top_k=0 give its dense twin)."""
+        shape = {"experts": self.experts, "top_k": self.top_k, **extra}
+        return TinyModelSpec(arch="llama", layers=layers, hidden=self.hidden, expert_ff=self.expert_intermediate, heads=heads,
+                             kv_heads=kv_heads, vocab=vocab, weight_type=self.weight_format, seed=seed, name=name, **shape)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,6 @@ def dense_model_step_us(
     return dense_us(weight_bytes + kv_bytes, flops)
 
 
-def _no_argument(spec: str, argument: str, usage: str) -> None:
-    if argument:
-        raise ConfigError(f"drafter '{spec}': '{usage}' takes no argument")
-
-
 @DRAFTERS.register
 @dataclass(frozen=True)
 class DenseModelDrafter:
@@ -91,40 +86,36 @@ class DenseModelDrafter:
         return dense_model_step_us(self.model, batch, context_len, dense_us) if batch else 0.0
 
 
+class _NoArgument:
+    """A drafter its name alone specifies (`usage` = the name): `for_target` makes it."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
+        """The drafter for `target`; an argument after the name is an error."""
+        if argument:
+            raise ConfigError(f"drafter '{spec}': '{cls.name}' takes no argument")
+        return cls.for_target(target)
+
+    @classmethod
+    def for_target(cls, target: ModelPreset) -> Drafter:
+        """The drafter for `target`."""
+        raise NotImplementedError
+
+
 @DRAFTERS.register
 @dataclass(frozen=True)
-class EagleDrafter(DenseModelDrafter):
+class EagleDrafter(_NoArgument, DenseModelDrafter):
     """An EAGLE-style head: one decoder layer of the target's width plus the target's LM head."""
 
     name: ClassVar[str] = "eagle"
     usage: ClassVar[str] = "eagle"
 
     @classmethod
-    def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
+    def for_target(cls, target: ModelPreset) -> Drafter:
         """The `eagle-head` preset resolved against the target."""
-        _no_argument(spec, argument, cls.usage)
         return cls(draft_for("eagle-head", target))
-
-
-@DRAFTERS.register
-@dataclass(frozen=True)
-class NgramDrafter:
-    """Prompt lookup / n-gram drafting: a host-side table lookup, ≈ 0 device time (assumed)."""
-
-    name: ClassVar[str] = "ngram"
-    provenance: ClassVar[str] = "assumed"
-    usage: ClassVar[str] = "ngram"
-    lookup_us: float = 0.0
-
-    @classmethod
-    def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
-        """No argument."""
-        _no_argument(spec, argument, cls.usage)
-        return cls()
-
-    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
-        """A constant per step (default 0)."""
-        return self.lookup_us if batch else 0.0
 
 
 @DRAFTERS.register
@@ -151,6 +142,20 @@ class FixedDrafter:
     def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
         """The given time per step."""
         return self.step_time_us if batch else 0.0
+
+
+@DRAFTERS.register
+@dataclass(frozen=True)
+class NgramDrafter(_NoArgument, FixedDrafter):
+    """Prompt lookup / n-gram drafting: a host-side table lookup, ≈ 0 device time (assumed)."""
+
+    name: ClassVar[str] = "ngram"
+    usage: ClassVar[str] = "ngram"
+
+    @classmethod
+    def for_target(cls, target: ModelPreset) -> Drafter:
+        """0 µs per step."""
+        return cls()
 
 
 def make_drafter(spec: str, target: ModelPreset) -> Drafter:

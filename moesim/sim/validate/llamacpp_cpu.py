@@ -98,21 +98,7 @@ class CpuValidationConfig:
 
     def target_spec(self) -> TinyModelSpec:
         """The target: the calibrated expert shape in a llama (Mixtral-style) model."""
-        s = self.shape
-        return TinyModelSpec(
-            arch="llama",
-            layers=self.moe_layers,
-            experts=s.experts,
-            top_k=s.top_k,
-            hidden=s.hidden,
-            expert_ff=s.expert_intermediate,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            vocab=self.vocab,
-            weight_type=s.weight_format,
-            seed=self.seed,
-            name="moesim-validation-target",
-        )
+        return self.shape.llama_spec(self.moe_layers, self.heads, self.kv_heads, self.vocab, self.seed, "moesim-validation-target")
 
     def bench_config(self) -> LlamaBenchConfig:
         """The microbenchmark on the target's expert shape, attention and threads."""

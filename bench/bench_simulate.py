@@ -1,9 +1,9 @@
-"""Speed of the SimPy engine (a benchmark, not a test).
+"""Speed of the SimPy server (a benchmark, not a test).
 
 1. Batch 1 on precomputed costs (a TablePassCost): simulated verification passes per second of
-   the SimPy engine, against a plain-Python loop of the same logic (same acceptance draws, same
+   the SimPy server, against a plain-Python loop of the same logic (same acceptance draws, same
    cost lookups, same records) in the same run. Goal: >= 200,000 passes/s.
-2. Batch 32 with the routing union taken from the trace each iteration: engine iterations per
+2. Batch 32 with the routing union taken from the trace each iteration: server iterations per
    second when every verify pass asks a BatchCostModel for the union of the 32 requests' windows
    on a synthetic trace, counted by the Numba batch-union counter, against the same union
    counted with numpy in the same run (both must agree); and through the trace-driven step-time
@@ -190,12 +190,12 @@ def main() -> None:
     wall, end_us, passes = best_of(repeats, lambda: engine_batch1(Static(k=3), args.passes))
     assert passes == passes_loop and abs(end_us - end_loop) <= 1e-6 * end_loop, "engine and plain loop disagree"
     print(f"plain-python loop, batch 1, static k=3: {passes_loop / wall_loop:,.0f} passes/s ({passes_loop} passes)")
-    print(f"simpy engine,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
+    print(f"simpy server,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
     wall_c, _, passes_c = best_of(repeats, lambda: engine_batch1(Cascade(), args.passes))
-    print(f"simpy engine,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
+    print(f"simpy server,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
     trace = synthesize(QWEN3, Sticky(keep_prob=0.3), 4096, 32, 0)
     wall_e, iters_e = best_of(repeats, lambda: engine_batch32(trace, 3000.0 * args.iterations, ConstantCost()))
-    print(f"simpy engine,      batch 32, static k=3, protocol cost doing no work: {iters_e / wall_e:,.0f} iterations/s")
+    print(f"simpy server,      batch 32, static k=3, protocol cost doing no work: {iters_e / wall_e:,.0f} iterations/s")
     numba_cost, numpy_cost = UnionCost(trace, "numba"), UnionCost(trace, "numpy")
     check = [engine_batch32(trace, 1e6, cost)[1] for cost in (numba_cost, numpy_cost)]  # also the JIT warm-up
     assert check[0] == check[1] and numba_cost.distinct_sum == numpy_cost.distinct_sum > 0, "numba and numpy unions disagree"
@@ -204,9 +204,9 @@ def main() -> None:
     wall32, iters32 = best_of(repeats, lambda: engine_batch32(trace, duration_us, numba_cost))
     wall_np, iters_np = best_of(repeats, lambda: engine_batch32(trace, duration_us, numpy_cost))
     shape = "32 windows of 4 tokens, 48 MoE layers, top-8 of 128, synthetic Qwen3-30B-A3B-shaped trace"
-    print(f"simpy engine,      batch 32, static k=3, union from the trace by numpy ({shape}): {iters_np / wall_np:,.0f} iterations/s")
+    print(f"simpy server,      batch 32, static k=3, union from the trace by numpy ({shape}): {iters_np / wall_np:,.0f} iterations/s")
     print(
-        f"simpy engine,      batch 32, static k=3, union from the trace by the batch-union counter: {iters32 / wall32:,.0f} "
+        f"simpy server,      batch 32, static k=3, union from the trace by the batch-union counter: {iters32 / wall32:,.0f} "
         f"iterations/s, {wall_np / wall32:.1f}x the numpy union's rate"
     )
     step_rates = {}
@@ -216,7 +216,7 @@ def main() -> None:
         duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
         wall_st, iters_st = best_of(repeats, lambda cost=step_cost, d=duration_us: engine_batch32(trace, d, cost))
         print(
-            f"simpy engine,      batch 32, static k=3, the trace-driven step-time model (TraceBatchCost: union counter + "
+            f"simpy server,      batch 32, static k=3, the trace-driven step-time model (TraceBatchCost: union counter + "
             f"nvidia-h200 profile, engine {engine}): {iters_st / wall_st:,.0f} iterations/s"
         )
         step_rates[engine] = iters_st / wall_st

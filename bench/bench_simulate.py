@@ -95,11 +95,11 @@ class ConstantCost:
     """A cost model asked through the protocol (numpy arrays per pass) that does no work: what the
     engine itself costs per iteration, the budget left for the routing counter."""
 
-    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """A fixed pass time."""
         return 3000.0
 
-    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """Free drafting."""
         return 0.0
 
@@ -136,13 +136,13 @@ class UnionCost:
         keys = self.experts[rows].astype(np.uint16) + self.layer_offset
         return int(np.count_nonzero(np.bincount(keys.ravel(), minlength=self.n_layers * self.n_experts)))
 
-    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """Fixed time + time per distinct expert of the union, summed over layers."""
         distinct = self.distinct(self.seq_starts[seqs] + starts, n_tokens)
         self.distinct_sum += distinct
         return self.fixed_us + self.expert_us * distinct
 
-    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """An n-gram drafter: free."""
         return 0.0
 

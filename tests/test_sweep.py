@@ -93,7 +93,7 @@ def draft_step_us(scenario, batch: int) -> float:  # type: ignore[no-untyped-def
 def test_batch_one_points_match_plain_python_over_predicted_times(swept, same_trace: Path) -> None:  # type: ignore[no-untyped-def]
     _, rows = swept
     for engine in ("per_slot", "best"):
-        scenario = load_scenario(same_trace, "nvidia-h200", engine, drafter="qwen3-0.6b", context_len=256)
+        scenario = load_scenario(same_trace, "nvidia-h200", engine, drafter="qwen3-0.6b", context_tokens=256)
         target = predict(scenario, 7).cost.total_us().tolist()
         for drafter, step in (("qwen3-0.6b", draft_step_us(scenario, 1)), ("ngram", 0.0)):
             points = rows.filter(
@@ -111,7 +111,7 @@ def test_batch_one_points_match_plain_python_over_predicted_times(swept, same_tr
 
 def test_batch_points_match_batch_analysis(swept, same_trace: Path) -> None:  # type: ignore[no-untyped-def]
     _, rows = swept
-    scenario = load_scenario(same_trace, "nvidia-h200", "per_slot", drafter="qwen3-0.6b", context_len=256)
+    scenario = load_scenario(same_trace, "nvidia-h200", "per_slot", drafter="qwen3-0.6b", context_tokens=256)
     for k in (1, 4, 6):
         reference = batch_analysis(scenario, 0.75, k, [3], max_batches=256)
         point = rows.filter(

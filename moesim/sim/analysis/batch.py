@@ -81,7 +81,7 @@ def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_bat
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     offsets, starts, lengths = batch_windows(lanes, n, max_batches)
     union = union_features_many(trace.experts, offsets, starts, lengths, trace.meta.geometry.experts)
-    cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_len))
+    cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_tokens))
     return float(cost.total_us().mean()), float(union.distinct_experts.mean()), float(cost.extrapolation.max()), lanes.describe()
 
 
@@ -110,7 +110,7 @@ def batch_analysis(
     for b in batches:
         single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
         multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, verify, max_batches)
-        drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_len, scenario.dense_us)
+        drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us)
         rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}"))
     single, multi, drafted, distinct, factor, source = zip(*rows, strict=True)
     sizes = np.asarray(batches)

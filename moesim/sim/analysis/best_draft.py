@@ -25,7 +25,9 @@ from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, PassCost
 
 def draft_costs_us(scenario: Scenario, max_draft: int, batch: int = 1) -> np.ndarray:
     """T_draft(k) for k = 0..max_draft."""
-    return np.array([draft_us(scenario.drafter, np.full(batch, k), scenario.context_len, scenario.dense_us) for k in range(max_draft + 1)])
+    return np.array(
+        [draft_us(scenario.drafter, np.full(batch, k), scenario.context_tokens, scenario.dense_us) for k in range(max_draft + 1)]
+    )
 
 
 def corner_costs(cost: PassCost, draft_us_by_k: np.ndarray, drafter_uses_dense: bool, dense_epsilon: float) -> list[np.ndarray]:

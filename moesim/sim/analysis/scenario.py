@@ -29,7 +29,7 @@ class Scenario:
     model: StepTimeModel
     trace: Trace
     drafter: Drafter
-    context_len: int = 512
+    context_tokens: int = 512
 
     @property
     def top_k(self) -> int:
@@ -62,18 +62,18 @@ def load_scenario(
     model: str | None = None,
     drafter: str = "ngram",
     weight_format: str | None = None,
-    context_len: int = 512,
+    context_tokens: int = 512,
 ) -> Scenario:
     """Read the trace, resolve preset, profile, engine and drafter (each a one-line error when wrong)."""
-    if context_len < 0:
-        raise InputError(f"context length must be >= 0, got {context_len}")
+    if context_tokens < 0:
+        raise InputError(f"context length must be >= 0, got {context_tokens}")
     trace = read_trace(trace_path)
     preset = preset_for_trace(trace, model)
     hw = load_profile(profile)
     check_engine(hw, engine)
     fmt = weight_format or trace.meta.geometry.weight_format
     step = StepTimeModel(preset, hw, engine, fmt)
-    return Scenario(step, trace, make_drafter(drafter, preset), context_len)
+    return Scenario(step, trace, make_drafter(drafter, preset), context_tokens)
 
 
 def _check_pass_sizes(scenario: Scenario, max_pass: int) -> None:
@@ -90,7 +90,7 @@ def expected_costs(scenario: Scenario, max_pass: int, model: StepTimeModel | Non
     trace = trace or scenario.trace
     summary = summarize_windows(trace.experts, trace.seq_starts, trace.meta.geometry.experts, max_pass)
     distributions = [summary.feature_distribution(n) for n in range(1, max_pass + 1)]
-    return (model or scenario.model).expected_pass_cost(distributions, float(scenario.context_len))
+    return (model or scenario.model).expected_pass_cost(distributions, float(scenario.context_tokens))
 
 
 def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0) -> Trace:

@@ -36,7 +36,7 @@ class Drafter(Protocol):
         """The drafter a spec names (`argument`: what follows its name and ':'), for `target`."""
         ...
 
-    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+    def step_us(self, batch: int, context_tokens: float, dense_us: DenseTime) -> float:
         """One draft step (one token for each of `batch` requests)."""
         ...
 
@@ -44,19 +44,19 @@ class Drafter(Protocol):
 DRAFTERS: Registry[Drafter] = Registry("drafter")
 
 
-def draft_us(drafter: Drafter, draft_lens: np.ndarray, context_len: float, dense_us: DenseTime) -> float:
+def draft_us(drafter: Drafter, draft_lens: np.ndarray, context_tokens: float, dense_us: DenseTime) -> float:
     """T_draft = (longest draft in the batch) · one step for the requests still drafting."""
     lens = np.asarray(draft_lens)
     steps = int(lens.max(initial=0))
-    return float(sum(drafter.step_us(int(np.count_nonzero(lens > s)), context_len, dense_us) for s in range(steps)))
+    return float(sum(drafter.step_us(int(np.count_nonzero(lens > s)), context_tokens, dense_us) for s in range(steps)))
 
 
 def dense_model_step_us(
-    model: ModelPreset, batch: int, context_len: float, dense_us: DenseTime, kv_bytes_per_element: float = 2.0
+    model: ModelPreset, batch: int, context_tokens: float, dense_us: DenseTime, kv_bytes_per_element: float = 2.0
 ) -> float:
     """One decode step of a dense model: its weights read once, its KV read per request, 2·params FLOPs per token."""
     weight_bytes = model.non_expert_bytes_per_token()
-    kv_bytes = batch * context_len * model.layers * model.attention.kv_cache_bytes_per_token(kv_bytes_per_element)
+    kv_bytes = batch * context_tokens * model.layers * model.attention.kv_cache_bytes_per_token(kv_bytes_per_element)
     flops = 2.0 * batch * model.non_expert_params_per_token()
     return dense_us(weight_bytes + kv_bytes, flops)
 
@@ -81,9 +81,9 @@ class DenseModelDrafter:
             raise ConfigError(f"drafter '{spec}' is not a dense model preset (use {others} or a dense preset)")
         return cls(model)
 
-    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+    def step_us(self, batch: int, context_tokens: float, dense_us: DenseTime) -> float:
         """The draft model's decode step through the profile's dense family."""
-        return dense_model_step_us(self.model, batch, context_len, dense_us) if batch else 0.0
+        return dense_model_step_us(self.model, batch, context_tokens, dense_us) if batch else 0.0
 
 
 class _NoArgument:
@@ -139,7 +139,7 @@ class FixedDrafter:
             raise ConfigError(f"drafter '{spec}': the time per draft step must be >= 0")
         return cls(value)
 
-    def step_us(self, batch: int, context_len: float, dense_us: DenseTime) -> float:
+    def step_us(self, batch: int, context_tokens: float, dense_us: DenseTime) -> float:
         """The given time per step."""
         return self.step_time_us if batch else 0.0
 

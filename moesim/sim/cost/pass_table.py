@@ -19,12 +19,12 @@ from moesim.errors import ConfigError
 class BatchCostModel(Protocol):
     """Times (µs) of the passes of one server iteration."""
 
-    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """One target pass verifying, for each request i of the batch, n_tokens[i] positions of trace
-        sequence seqs[i] starting at position starts[i], at a context of context_len[i] tokens."""
+        sequence seqs[i] starting at position starts[i], at a context of context_tokens[i] tokens."""
         ...
 
-    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """Drafting draft_lens[i] tokens for each request of the batch (0 where a request does not speculate)."""
         ...
 
@@ -59,11 +59,11 @@ class TablePassCost:
         slope = table[-1] - table[-2] if table.size > 1 else table[-1]
         return float(table[-1] + slope * (total_tokens - table.size))
 
-    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """Looked up by the batch's total tokens."""
         return self.pass_us(int(np.sum(n_tokens)))
 
-    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """Drafting steps run in lockstep: the longest draft sets the time."""
         return self.draft_step_us * float(np.max(draft_lens, initial=0))
 

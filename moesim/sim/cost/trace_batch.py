@@ -54,17 +54,17 @@ class TraceBatchCost:
         total = float(lengths.sum())
         return RoutingFeatures(np.float64(total), np.float64(total * self.model.preset.top_k), distinct, most)
 
-    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_len: np.ndarray) -> float:
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """One pass of the whole batch; remembers the mean distinct experts per layer of the union."""
         features = self.features(seqs, starts, n_tokens)
         self.last_distinct_experts = float(np.mean(features.distinct_experts))
-        return self.model.pass_time_us(features, float(np.sum(context_len)))
+        return self.model.pass_time_us(features, float(np.sum(context_tokens)))
 
-    def draft_us(self, draft_lens: np.ndarray, context_len: np.ndarray) -> float:
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The drafter's steps for the batch, at the batch's mean context."""
         if not np.any(np.asarray(draft_lens) > 0):
             return 0.0
-        return draft_us(self.drafter, draft_lens, float(np.mean(context_len)), self.model.dense_family_us)
+        return draft_us(self.drafter, draft_lens, float(np.mean(context_tokens)), self.model.dense_family_us)
 
     def _chunk_us(self, tokens: int, context: int) -> float:
         if (tokens, context) not in self._prefill_pass_us:

@@ -21,6 +21,13 @@ class ConfigError(MoesimError):
     """A configuration (preset, profile, simulation config) is invalid."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when the message is empty), for
+    one-line errors about a library's failure."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
+
+
 def where(path: object, field: str | None = None, row: int | None = None) -> str:
     """Prefix naming the file, the row and the field of a bad value."""
     parts = [str(path)]

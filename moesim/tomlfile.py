@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
@@ -16,5 +16,5 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        reason = first_line(exc)
         raise InputError(f"{path}: not valid TOML ({reason})") from None

@@ -28,12 +28,12 @@ from moesim.hw_profiles.microbench.routing import (
 )
 from moesim.hw_profiles.microbench.table import (
     MoeShape,
-    cpu_facts,
     measurement_row,
     summarize_times,
     write_measurements,
 )
 from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig
+from moesim.machine import cpu_facts
 from moesim.models import load_preset
 
 

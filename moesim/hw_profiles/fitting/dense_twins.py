@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +35,11 @@ from moesim.errors import InputError
 from moesim.hw_profiles.families import DenseFamily
 from moesim.hw_profiles.fitting.family_fit import solve_relative
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
-from moesim.hw_profiles.measurements.table import PROVENANCE_NAME
+from moesim.hw_profiles.measurements.table import PROVENANCE_NAME, STATISTICS
 from moesim.hw_profiles.provenance import Provenance, file_sha256
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, tensor_plans
 
 REPS_COLUMNS = ("reps_us_dense_L", "reps_us_dense_2L")
-STATISTICS: dict[str, Callable[[np.ndarray], float]] = {"min": lambda a: float(np.min(a)), "median": lambda a: float(np.median(a))}
 NOTE = (
     "fitted to the llama.cpp microbenchmark's dense twins: layer time = bytes / bandwidth + FLOPs / rate (launch folded into the "
     "bandwidth: every twin layer reads the same bytes); fixed time per pass = the twins' time outside their layers minus the LM head"

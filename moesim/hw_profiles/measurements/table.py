@@ -11,13 +11,18 @@ was measured; the llama.cpp runner's dense-twin specs) and, where known, `device
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import polars as pl
 
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 
 TABLE_NAME = "measurements.parquet"
+# the per-model statistic a microbenchmark differences, named in its provenance
+STATISTICS: dict[str, Callable[[Any], float]] = {"median": lambda a: float(np.median(a)), "min": lambda a: float(np.min(a))}
 PROVENANCE_NAME = "provenance.json"
 DEVICE_NAME = "device.json"
 
@@ -73,7 +78,7 @@ def _read_raw(path: Path) -> pl.DataFrame:
         if suffix == ".csv":
             return pl.read_csv(path, infer_schema_length=None)
     except (pl.exceptions.PolarsError, OSError, UnicodeDecodeError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        message = first_line(exc)
         raise InputError(f"{path}: unreadable measurement table ({message})") from None
     raise InputError(f"{path}: a measurement table must be .parquet or .csv, got '{suffix}'")
 

@@ -52,6 +52,7 @@ import numpy as np
 
 from moesim.errors import ConfigError, InputError
 from moesim.fields import option
+from moesim.hw_profiles.measurements.table import STATISTICS
 from moesim.hw_profiles.microbench.llamacpp_kernels import llamacpp_family
 from moesim.hw_profiles.microbench.routing import (
     DEFAULT_PASS_SIZES,
@@ -62,8 +63,9 @@ from moesim.hw_profiles.microbench.routing import (
     routing_seed,
     routings_option,
 )
-from moesim.hw_profiles.microbench.table import MoeShape, TimingSummary, cpu_facts, measurement_row
+from moesim.hw_profiles.microbench.table import MoeShape, TimingSummary, measurement_row
 from moesim.kernels.features import RoutingFeatures
+from moesim.machine import cpu_facts, usable_cpus
 from moesim.models import load_preset
 from moesim.tracegen.llamacpp.gguf_builder import (
     BYTE_TOKENS_START,
@@ -74,13 +76,12 @@ from moesim.tracegen.llamacpp.gguf_builder import (
     expert_weight_bytes,
     model_bytes,
 )
-from moesim.tracegen.llamacpp.runtime import LlamaContext, LlamaModel, RoutingCapture, default_threads, engine_version
+from moesim.tracegen.llamacpp.runtime import LlamaContext, LlamaModel, RoutingCapture, engine_version
 
 DEFAULT_SHAPE = MoeShape("deepseek-v2-lite", hidden=2048, expert_intermediate=1408, experts=64, top_k=6, weight_format="F16")
 MODELS = ("moe_L", "moe_2L", "dense_L", "dense_2L")
 DENSE_FF = 16
 RETRIES = 2
-STATISTICS: dict[str, Callable[..., Any]] = {"median": np.median, "min": np.min}
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ class BenchContexts:
     def __init__(self, config: LlamaBenchConfig, paths: dict[str, Path], gpu: bool, stack: contextlib.ExitStack) -> None:
         self.prefix = config.prefix
         n_ctx = config.prefix + max(config.pass_sizes) + 8
-        threads = config.n_threads or default_threads()
+        threads = config.n_threads or usable_cpus()
         prefix_tokens = [BYTE_TOKENS_START] * config.prefix
         self.timed = {}
         models = {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,36 +181,6 @@ def write_measurements(
         finally:
             staged.unlink(missing_ok=True)
     return table
-
-
-def cpu_facts() -> dict[str, Any]:
-    """The host CPU as /proc/cpuinfo and sysfs describe it (Linux), else what `platform` knows."""
-    facts: dict[str, Any] = {"machine": platform.machine(), "system": platform.system(), "logical_cpus": os.cpu_count()}
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        fields: dict[str, str] = {}
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-        facts["model_name"] = fields.get("model name", "")
-        facts["cpu_mhz"] = fields.get("cpu MHz", "")
-        flags = set(fields.get("flags", "").split())
-        facts["simd"] = sorted(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx")))
-    caches = {}
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        try:
-            level = (index / "level").read_text().strip()
-            kind = (index / "type").read_text().strip()
-            caches[f"L{level} {kind}"] = (index / "size").read_text().strip()
-        except OSError:
-            continue
-    if caches:
-        facts["caches_cpu0"] = caches
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        first = meminfo.read_text().splitlines()[0].split()
-        facts["memory_gib"] = round(int(first[1]) / 2**20, 1)
-    return facts
 
 
 def rows_summary(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:

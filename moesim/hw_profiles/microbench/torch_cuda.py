@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from moesim.errors import ConfigError, InputError
+from moesim.errors import ConfigError, InputError, first_line
 from moesim.fields import option
 from moesim.hw_profiles.microbench.routing import (
     ROUTINGS,
@@ -50,7 +50,8 @@ from moesim.hw_profiles.microbench.routing import (
     routing_seed,
     routings_option,
 )
-from moesim.hw_profiles.microbench.table import MoeShape, cpu_facts, measurement_row, summarize_times
+from moesim.hw_profiles.microbench.table import MoeShape, measurement_row, summarize_times
+from moesim.machine import cpu_facts
 from moesim.models import load_preset
 from moesim.registry import Registry
 
@@ -319,10 +320,6 @@ def _time_replays(torch: Any, run: Callable[[], object], graph: bool, reps: int,
     return [start.elapsed_time(end) * 1e3 for start, end in events], mode
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-
-
 @dataclass
 class TorchBenchResult:
     """Rows of the table, the provenance written beside it, and (on CUDA) device facts in the
@@ -428,7 +425,7 @@ class _Run:
             try:
                 output = engine.forward(self.torch, layer, x, p)
             except Exception as exc:  # one engine failing (an op this torch lacks, out of memory) must not lose the run
-                self.drop(shape, name, f"{exc.__class__.__name__}: {_first_line(exc)}", n_tokens=n_check)
+                self.drop(shape, name, f"{exc.__class__.__name__}: {first_line(exc)}", n_tokens=n_check)
                 continue
             error = float((output.float() - ref).abs().max() / ref.abs().max())
             self.checks.append({"model": shape.model, "engine": name, "n_tokens": n_check, "max_rel_error": error})
@@ -453,7 +450,7 @@ class _Run:
             try:
                 samples, mode = _time_replays(self.torch, run, engine.graph, reps, self.config.warmup, self.on_cuda)
             except Exception as exc:  # as in check(): record, drop the engine, keep measuring the others
-                self.drop(shape, name, f"{exc.__class__.__name__}: {_first_line(exc)}", n_tokens=n_tokens, routing=routing)
+                self.drop(shape, name, f"{exc.__class__.__name__}: {first_line(exc)}", n_tokens=n_tokens, routing=routing)
                 continue
             rows.append(
                 measurement_row(

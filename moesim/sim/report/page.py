@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
 from moesim.atomic import atomic_dir
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.filters import apply_filters, parse_filters
 from moesim.sim.report import plots
 from moesim.sim.sweep.config import SWEEP_FORMAT
@@ -68,7 +68,7 @@ def load_results(paths: list[Path]) -> tuple[pl.DataFrame | None, pl.DataFrame |
             meta = pq.read_schema(path).metadata or {}
             frame = pl.read_parquet(path)
         except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
-            raise InputError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+            raise InputError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
         if meta.get(b"moesim.format", b"").decode() == SWEEP_FORMAT:
             sweeps.append(frame)
             sources.append(f"{path}: sweep results, {frame.height:,} rows")

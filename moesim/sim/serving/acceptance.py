@@ -29,7 +29,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.fields import FieldError, require
 from moesim.registry import Registry
 from moesim.sim.analysis.speculation import tokens_per_pass
@@ -401,7 +401,7 @@ def read_accepted_counts(path: Path) -> tuple[list[np.ndarray], int | None]:
             return [np.asarray(np.load(path, allow_pickle=False))], None
         frame = reader(path)
     except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
-        raise FieldError("file", f"cannot read {path} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise FieldError("file", f"cannot read {path} ({first_line(exc)})") from None
     if "accepted" not in frame.columns:
         raise FieldError("file", f"{path} has no column 'accepted'")
     drafted = int(frame["drafted"].max()) if "drafted" in frame.columns and frame.height else None  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
+from moesim.errors import first_line
 from moesim.fields import FieldError, require
 from moesim.tracegen.formats.trace import Trace
 
@@ -64,7 +65,7 @@ def read_request_file(path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
     try:
         frame = reader(path)
     except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
-        raise FieldError("file", f"cannot read {path} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise FieldError("file", f"cannot read {path} ({first_line(exc)})") from None
     columns = []
     for name, minimum in (("prompt_tokens", 0), ("output_tokens", 1)):
         if name not in frame.columns:

@@ -29,13 +29,12 @@ from moesim.kernels.windows import MAX_PASS_LIMIT
 from moesim.models import ModelPreset, load_preset
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.steptime import check_engine
-from moesim.sim.serving.config import policy_from_table, resolve_path
+from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
 from moesim.tomlfile import read_toml
 from moesim.tracegen.routing.synth import make_generator
 
 SWEEP_FORMAT = "moesim.sweep/1"
-MODEL_PLACEHOLDER = "{model}"
 MAX_ALPHA_POINTS = 10_000_000
 
 

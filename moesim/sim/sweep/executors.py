@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import multiprocessing
-import os
 import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from moesim.errors import ConfigError, MoesimError
+from moesim.errors import ConfigError, MoesimError, first_line
+from moesim.machine import usable_cpus
 from moesim.registry import Registry
 
 Unit = Any
@@ -66,10 +66,6 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @EXECUTORS.register
 @dataclass(frozen=True)
 class LocalExecutor:
@@ -83,7 +79,7 @@ class LocalExecutor:
     def map_unordered(self, fn: Callable[[Unit], Result], units: list[Unit]) -> Iterator[tuple[int, Result]]:
         """Spawned worker processes (no fork: Numba and polars threads do not survive it) that ignore
         Ctrl-C; on an interruption the units running finish, the others are cancelled."""
-        workers = min(self.workers or _cpus(), len(units))
+        workers = min(self.workers or usable_cpus(), len(units))
         if workers <= 1:
             for i, unit in enumerate(units):
                 yield i, fn(unit)
@@ -125,12 +121,12 @@ class RayExecutor:
             if self.address:
                 options["address"] = self.address
             else:
-                options["num_cpus"] = self.workers or _cpus()
+                options["num_cpus"] = self.workers or usable_cpus()
             try:
                 ray.init(**options)
             except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
                 where = f"join the Ray cluster at '{self.address}'" if self.address else "start a local Ray instance"
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                reason = first_line(exc)
                 raise ConfigError(f"executor 'ray': could not {where} ({reason})") from None
         pending: dict[Any, int] = {}
         try:

@@ -31,8 +31,9 @@ from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.fitting.calibrate import fit_profile
 from moesim.hw_profiles.microbench.llama_cpp import DEFAULT_SHAPE, LlamaBenchConfig, run_llamacpp_shapes
-from moesim.hw_profiles.microbench.table import MoeShape, cpu_facts, write_measurements
+from moesim.hw_profiles.microbench.table import MoeShape, write_measurements
 from moesim.hw_profiles.schema import write_profile
+from moesim.machine import cpu_facts
 from moesim.models import AttentionShape, ModelPreset, load_preset
 from moesim.sim.cost.measured_passes import verify_passes
 from moesim.sim.cost.steptime import StepTimeModel

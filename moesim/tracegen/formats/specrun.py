@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from moesim.atomic import check_writable
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.tracegen.formats.schema import META_FORMAT_KEY, META_JSON_KEY, META_VERSION_KEY, TraceGeometry, check_geometry
 from moesim.tracegen.formats.trace import open_ipc_file
 
@@ -294,7 +294,7 @@ def _read_table(path: Path) -> tuple[SpecRunMeta, pa.Table]:
         table = reader.read_all()
         table.validate(full=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        first = first_line(exc)
         raise InputError(f"{path}: unreadable Arrow data ({first})") from None
     metadata = reader.schema.metadata or {}
     fmt = metadata.get(META_FORMAT_KEY)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from moesim.atomic import check_writable
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.tracegen.formats.schema import TraceMeta, meta_from_schema, trace_schema
 
 DEFAULT_BATCH_ROWS = 1 << 16
@@ -229,12 +229,7 @@ def open_ipc_file(path: Path, what: str = "trace") -> ipc.RecordBatchFileReader:
         _ = reader.schema.names, reader.schema.metadata  # field names and metadata decode (a corrupt file may not)
         return reader
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not a readable Arrow IPC file ({_first_line(exc)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else exc.__class__.__name__
+        raise InputError(f"{path}: not a readable Arrow IPC file ({first_line(exc)})") from None
 
 
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
@@ -261,7 +256,7 @@ def _batch_rows(batch: pa.RecordBatch, first_row: int, k: int, source: str) -> _
     try:
         batch.validate(full=True)
     except (pa.ArrowInvalid, pa.ArrowException) as exc:
-        raise InputError(f"{source}: rows from {first_row}: invalid Arrow data ({_first_line(exc)})") from None
+        raise InputError(f"{source}: rows from {first_row}: invalid Arrow data ({first_line(exc)})") from None
     for name in batch.schema.names:
         column = batch.column(name)
         if column.null_count:
@@ -362,7 +357,7 @@ def _iter_position_runs(path: Path) -> Iterator[tuple[TraceMeta, _Rows]]:
         try:
             batch = reader.get_batch(i)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, pa.ArrowException) as exc:
-            raise InputError(f"{source}: record batch {i} is unreadable ({_first_line(exc)})") from None
+            raise InputError(f"{source}: record batch {i} is unreadable ({first_line(exc)})") from None
         if batch.schema != reader.schema:
             raise InputError(f"{source}: record batch {i} does not match the file schema")
         rows = _batch_rows(batch, first_row, k, source)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.tracegen.formats.schema import TraceGeometry, TraceMeta
 from moesim.tracegen.formats.trace import Trace
 
@@ -72,7 +72,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        first = first_line(exc)
         raise InputError(f"{path}: not a readable {path.suffix.lstrip('.')} file ({first})") from None
     except Exception as exc:  # safetensors raises its own SafetensorError
         if exc.__class__.__name__ != "SafetensorError":

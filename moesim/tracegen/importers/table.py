@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
 from moesim.tracegen.importers.common import Sequence, assemble
@@ -22,7 +22,7 @@ def _read_table(path: Path) -> pl.DataFrame:
             return pl.read_csv(path)
         return pl.read_parquet(path)
     except (pl.exceptions.PolarsError, OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        first = first_line(exc)
         raise InputError(f"{path}: not a readable {path.suffix.lstrip('.') or 'table'} file ({first})") from None
 
 

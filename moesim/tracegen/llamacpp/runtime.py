@@ -31,6 +31,7 @@ from typing import Any, Self
 import numpy as np
 
 from moesim.errors import InputError, MoesimError
+from moesim.machine import usable_cpus
 
 ENGINE = "llama.cpp"
 BACKEND = "cpu"
@@ -112,11 +113,6 @@ def engine_version() -> str:
     return f"llama-cpp-python {llama_cpp.__version__}"
 
 
-def default_threads() -> int:
-    """Threads for decoding: the CPUs this process may use."""
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
 class Closing:
     """A resource used as a context manager: `with` calls `close()` on the way out."""
 
@@ -161,12 +157,6 @@ class LlamaModel(Closing):
                 return list(buffer[:n])
             capacity = -n  # the buffer was too small: llama.cpp says how many it needs
         raise EngineError(f"{self.path}: tokenizing a prompt of {len(data)} bytes failed")
-
-    def piece(self, token: int) -> bytes:
-        """The bytes a token stands for."""
-        buffer = ctypes.create_string_buffer(64)
-        n = self._llama.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
-        return buffer.raw[: max(n, 0)]
 
     def is_eog(self, token: int) -> bool:
         """Whether the token ends generation (EOS, EOT, ...)."""
@@ -274,7 +264,7 @@ class LlamaContext(Closing):
         params.n_batch = n_ctx
         params.n_ubatch = min(n_ubatch, n_ctx)
         params.n_seq_max = 1
-        threads = n_threads or default_threads()
+        threads = n_threads or usable_cpus()
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = self._llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.type_k = params.type_v = GGML_TYPE_F32

@@ -37,6 +37,7 @@ import numpy as np
 from moesim.atomic import check_writable
 from moesim.errors import InputError
 from moesim.fields import option
+from moesim.machine import usable_cpus
 from moesim.tracegen.formats.specrun import SequenceInfo, SpecRunMeta, SpecRunWriter, VerifyStep
 from moesim.tracegen.llamacpp.gguf_reader import read_gguf_info, read_gguf_name
 from moesim.tracegen.llamacpp.prompts import PromptSet
@@ -48,7 +49,6 @@ from moesim.tracegen.llamacpp.runtime import (
     LlamaContext,
     LlamaModel,
     RoutingCapture,
-    default_threads,
     deferred_interrupt,
     engine_version,
 )
@@ -115,7 +115,7 @@ class SpeculativeSession(Closing):
         info = read_gguf_info(target_path)
         self.geometry = info.geometry
         self.draft_name = read_gguf_name(draft_path)
-        self.n_threads = n_threads or default_threads()
+        self.n_threads = n_threads or usable_cpus()
         with contextlib.ExitStack() as stack:
             self.target = stack.enter_context(LlamaModel(target_path, verbose))
             self.draft = stack.enter_context(LlamaModel(draft_path, verbose))

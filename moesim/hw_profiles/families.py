@@ -151,6 +151,14 @@ def _rate_to_coefficient(rate: float, unit: float) -> float:
     return 0.0 if math.isinf(rate) else 1.0 / (rate * unit)
 
 
+EXTRAPOLATION_TOLERANCE = 1e-9  # an extrapolation factor above 1 + this lies beyond the calibrated range
+
+
+def extrapolated(factor: np.ndarray | float) -> np.ndarray:
+    """Whether extrapolation factors lie beyond the calibrated range."""
+    return np.asarray(factor) > 1.0 + EXTRAPOLATION_TOLERANCE
+
+
 @dataclass(frozen=True)
 class CalibratedRange:
     """Per input, the [low, high] seen in calibration; None for an input never calibrated."""

@@ -14,6 +14,7 @@ import numpy as np
 
 from moesim.errors import InputError
 from moesim.hw_profiles import load_profile
+from moesim.hw_profiles.families import extrapolated
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
 from moesim.models import ModelPreset, builtin_names, load_preset
 from moesim.sim.cost.drafters import Drafter, make_drafter
@@ -105,7 +106,7 @@ def extrapolation_warnings(label: str, factor: np.ndarray, sizes: np.ndarray) ->
     """One warning per prediction beyond the calibrated range, with its extrapolation factor."""
     out = []
     for size, f in zip(np.asarray(sizes).ravel(), np.asarray(factor).ravel(), strict=True):
-        if f > 1.0 + 1e-9:
+        if extrapolated(f):
             out.append(
                 f"{label} {int(size)} lies beyond the calibrated range (extrapolation factor {f:.2f}); the roofline bounds it from below"
             )

@@ -15,6 +15,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, ScalarFormatter
 
+from moesim.hw_profiles.families import EXTRAPOLATION_TOLERANCE, extrapolated
 from moesim.kernels.features import consecutive_runs
 
 FAMILY_ORDER = ("per_slot", "dedup", "dedup_grouped_gemm", "dedup_loop")
@@ -82,9 +83,9 @@ def pass_time_figure(passes: pl.DataFrame, title: str) -> Figure:
         top_us = max(top_us, float(rows["high_us"].max()))  # type: ignore[arg-type]
         ax.fill_between(n, rows["low_us"].to_numpy() / 1e3, rows["high_us"].to_numpy() / 1e3, color=color, alpha=0.18, lw=0)
         ax.plot(n, time_ms, color=color, lw=1.8, label=engine)
-        extrapolated = rows["extrapolation"].to_numpy() > 1.0 + 1e-9
-        if extrapolated.any():
-            ax.plot(n[extrapolated], time_ms[extrapolated], "o", mfc="none", color=color, ms=4)
+        beyond_range = extrapolated(rows["extrapolation"].to_numpy())
+        if beyond_range.any():
+            ax.plot(n[beyond_range], time_ms[beyond_range], "o", mfc="none", color=color, ms=4)
     ax.set_xlabel("tokens per pass n (per sequence)")
     ax.set_ylabel("pass time T(n), ms")
     ax.set_ylim(0, 1.05 * top_us / 1e3 if top_us else None)
@@ -170,7 +171,7 @@ def speedup_heatmap_figure(points: pl.DataFrame, title: str) -> Figure:
     drafting = ks >= 1  # S = 1 exactly at k = 0 (plain decoding): no contour there
     if low < 1.0 < high and alphas.size > 1 and drafting.sum() > 1:
         ax.contour(alphas, ks[drafting], speedup[drafting], levels=[1.0], colors="black", linewidths=1.0)
-    beyond = ordered.filter(pl.col("extrapolation") > 1.0 + 1e-9)["draft_len"]
+    beyond = ordered.filter(pl.col("extrapolation") > 1.0 + EXTRAPOLATION_TOLERANCE)["draft_len"]
     if beyond.len():
         first = int(beyond.min())  # type: ignore[arg-type]
         ax.axhline(first - 0.5, color="grey", lw=1.2, ls="--", label=f"k >= {first}: verify pass beyond the calibrated range")
@@ -202,7 +203,7 @@ def speedup_batch_figure(best: pl.DataFrame, alphas: list[float], title: str) ->
         color = PALETTE[i % len(PALETTE)]
         ax.fill_between(b, rows["speedup_low"].to_numpy(), rows["speedup_high"].to_numpy(), color=color, alpha=0.15, lw=0)
         ax.plot(b, rows["speedup"].to_numpy(), "-", color=color, lw=1.8, label=f"α = {alpha:.3g}")
-        beyond = rows["extrapolation"].to_numpy() > 1.0 + 1e-9
+        beyond = extrapolated(rows["extrapolation"].to_numpy())
         ax.plot(b[~beyond], rows["speedup"].to_numpy()[~beyond], "o", color=color, ms=5)
         ax.plot(b[beyond], rows["speedup"].to_numpy()[beyond], "o", mfc="white", color=color, ms=5)
         for x, y, k in zip(b, rows["speedup"].to_numpy(), rows["draft_len"].to_numpy(), strict=True):
@@ -231,16 +232,16 @@ def predicted_measured_figure(rows: pl.DataFrame, title: str) -> Figure:
     for name in groups:
         part = rows.filter(pl.col("kernel") == name) if name else rows
         measured, predicted = part["time_us"].to_numpy(), part["predicted_us"].to_numpy()
-        extrapolated = part["extrapolated"].to_numpy().astype(bool) if "extrapolated" in part.columns else np.zeros(part.height, bool)
+        hollow_rows = part["extrapolated"].to_numpy().astype(bool) if "extrapolated" in part.columns else np.zeros(part.height, bool)
         color = color_of(name) if name else PALETTE[0]
         if {"predicted_low_us", "predicted_high_us"} <= set(part.columns):
             errors = np.vstack([predicted - part["predicted_low_us"].to_numpy(), part["predicted_high_us"].to_numpy() - predicted])
             ax.errorbar(measured, predicted, yerr=np.maximum(errors, 0), fmt="none", ecolor=color, alpha=0.25 if dense else 0.4, lw=0.7)
         label = f"{name or 'rows'}: {part.height} rows, median |error| {100 * np.median(np.abs(predicted / measured - 1)):.1f} %"
-        ax.plot(measured[~extrapolated], predicted[~extrapolated], "o", color=color, ms=size, alpha=shade, mec="none", label=label)
-        if extrapolated.any():
+        ax.plot(measured[~hollow_rows], predicted[~hollow_rows], "o", color=color, ms=size, alpha=shade, mec="none", label=label)
+        if hollow_rows.any():
             hollow = f"{name} (extrapolated)".strip()
-            ax.plot(measured[extrapolated], predicted[extrapolated], "o", mfc="none", color=color, ms=size + 1, label=hollow)
+            ax.plot(measured[hollow_rows], predicted[hollow_rows], "o", mfc="none", color=color, ms=size + 1, label=hollow)
     values = np.concatenate([rows["time_us"].to_numpy(), rows["predicted_us"].to_numpy()])
     values = values[np.isfinite(values) & (values > 0)]
     low, high = float(values.min()) / 1.15, float(values.max()) * 1.15

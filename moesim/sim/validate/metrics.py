@@ -18,6 +18,7 @@ import polars as pl
 from moesim.hw_profiles.heldout import ErrorStats, relative_errors
 from moesim.hw_profiles.measurements.table import is_dedup_family
 from moesim.sim.analysis.crossover import win_window
+from moesim.sim.analysis.speculation import TIE_RTOL
 
 # Columns that say which pass a row measured (present ones only). Two rows of different families
 # with equal values here measured the same pass: "equal n and window".
@@ -238,7 +239,7 @@ def best_draft_length(draft_lens: np.ndarray, tokens_per_s: np.ndarray) -> int:
     """argmax_k tokens/s, ties toward the larger k (the convention of `speculation.best_draft`)."""
     k = np.asarray(draft_lens)
     rate = np.asarray(tokens_per_s, np.float64)
-    top = np.flatnonzero(rate >= rate.max() * (1.0 - 1e-12))
+    top = np.flatnonzero(rate >= rate.max() * (1.0 - TIE_RTOL))
     return int(k[top].max())
 
 

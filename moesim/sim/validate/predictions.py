@@ -12,7 +12,7 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.hw_profiles import load_profile
-from moesim.hw_profiles.families import ExpertFamily
+from moesim.hw_profiles.families import ExpertFamily, extrapolated
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ModelPreset, builtin_names, load_preset
@@ -25,7 +25,6 @@ FEATURE_FIELDS = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_exper
 SPEC_COLUMNS = ("draft_len", "accepted_mean", "tokens_per_s")
 SCOPES = ("expert", "pass")
 RUN_SUFFIXES = (".arrow", ".ipc", ".feather")
-EXTRAPOLATION_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class Predicted:
             pl.Series("predicted_us", self.time_us),
             pl.Series("predicted_low_us", self.low_us),
             pl.Series("predicted_high_us", self.high_us),
-            pl.Series("extrapolated", self.extrapolation > 1.0 + EXTRAPOLATION_TOLERANCE),
+            pl.Series("extrapolated", extrapolated(self.extrapolation)),
             pl.Series("_extrapolation", self.extrapolation),
         ]
 

@@ -33,9 +33,16 @@ WEIGHT_FORMATS: dict[str, tuple[int, int]] = {
     "Q4_K": (144, 256),
     "Q4_0": (18, 32),
     "MXFP4": (17, 32),
+    "Q3_K": (110, 256),
+    "Q2_K": (84, 256),
+    # MLX affine quantisation, group size 64: packed weights plus a bf16 scale and bias per group.
+    "AFFINE8": (68, 64),
+    "AFFINE6": (52, 64),
+    "AFFINE4": (36, 64),
 }
 
-ATTENTION_KINDS = ("mha", "gqa", "mla")
+# linear: a linear-attention layer (Gated DeltaNet): a fixed recurrent state, no KV per token.
+ATTENTION_KINDS = ("mha", "gqa", "mla", "linear")
 
 
 def bytes_per_weight(weight_format: str) -> Fraction:
@@ -64,7 +71,13 @@ class ExpertShape:
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Attention projection shape; MLA fields are zero for MHA/GQA."""
+    """Attention projection shape; MLA fields are zero for MHA/GQA.
+
+    `output_gate`: the query projection also yields a gate of the same width (Qwen3.5/3.6);
+    `shared_kv`: keys double as values (no value projection, one cached tensor: Gemma 4's full
+    layers); `linear`: heads = value heads, kv_heads = key heads, with a short causal convolution
+    of `conv_kernel` taps over q, k and v.
+    """
 
     kind: str
     heads: int
@@ -77,9 +90,16 @@ class AttentionShape:
     v_head_dim: int = 0
     sliding_window: int = 0
     sinks: bool = False
+    output_gate: bool = False
+    shared_kv: bool = False
+    conv_kernel: int = 0
 
     def params(self, hidden: int, qkv_bias: bool, attention_bias: bool, qk_norm: bool) -> int:
         """Attention parameters of one layer (projections, biases, norms, sinks)."""
+        if self.kind == "linear":
+            key_width, value_width = self.kv_heads * self.head_dim, self.heads * self.head_dim
+            projections = hidden * (2 * key_width + 2 * value_width + 2 * self.heads) + value_width * hidden
+            return projections + self.conv_kernel * (2 * key_width + value_width) + 2 * self.heads + self.head_dim
         if self.kind == "mla":
             qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
             if self.q_lora_rank:
@@ -92,9 +112,10 @@ class AttentionShape:
             return q + kv_a + kv_b + out
         q_width = self.heads * self.head_dim
         kv_width = self.kv_heads * self.head_dim
-        total = hidden * q_width + 2 * hidden * kv_width + q_width * hidden
+        kv_tensors = 1 if self.shared_kv else 2
+        total = hidden * q_width * (2 if self.output_gate else 1) + kv_tensors * hidden * kv_width + q_width * hidden
         if qkv_bias or attention_bias:
-            total += q_width + 2 * kv_width
+            total += q_width + kv_tensors * kv_width
         if attention_bias:
             total += hidden
         if qk_norm:
@@ -104,10 +125,13 @@ class AttentionShape:
         return total
 
     def kv_cache_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
-        """KV-cache bytes one token adds to one layer (MLA caches the latent and the rope key)."""
+        """KV-cache bytes one token adds to one layer (MLA caches the latent and the rope key; a
+        linear-attention layer keeps a fixed state instead)."""
+        if self.kind == "linear":
+            return 0.0
         if self.kind == "mla":
             return (self.kv_lora_rank + self.qk_rope_head_dim) * bytes_per_element
-        return 2 * self.kv_heads * self.head_dim * bytes_per_element
+        return (1 if self.shared_kv else 2) * self.kv_heads * self.head_dim * bytes_per_element
 
 
 @dataclass(frozen=True)
@@ -136,6 +160,8 @@ class ModelPreset:
     default_format: str = "BF16"
     hf_id: str = ""
     published_total_params_b: float = 0.0
+    alt_attention: AttentionShape | None = None
+    alt_attention_layers: tuple[int, ...] = ()
 
     # ---- layer structure -------------------------------------------------------------
 
@@ -167,9 +193,17 @@ class ModelPreset:
         """Router (gate) parameters of one MoE layer."""
         return self.hidden * self.experts + (self.experts if self.router_bias else 0)
 
-    def attention_params(self) -> int:
+    def attention_of(self, layer: int) -> AttentionShape:
+        """The attention shape of a layer: `alt_attention` on `alt_attention_layers`, else `attention`."""
+        return self.alt_attention if self.alt_attention is not None and layer in self.alt_attention_layers else self.attention
+
+    def attention_params(self, layer: int = 0) -> int:
         """Attention parameters of one layer."""
-        return self.attention.params(self.hidden, self.qkv_bias, self.attention_bias, self.qk_norm)
+        return self.attention_of(layer).params(self.hidden, self.qkv_bias, self.attention_bias, self.qk_norm)
+
+    def kv_cache_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
+        """KV-cache bytes one token of context adds over all layers."""
+        return float(sum(self.attention_of(i).kv_cache_bytes_per_token(bytes_per_element) for i in range(self.layers)))
 
     def non_expert_params_per_layer(self, layer: int) -> int:
         """Parameters of layer `layer` other than routed experts (attention, norms, FFN parts)."""
@@ -178,7 +212,7 @@ class ModelPreset:
             ffn = self.router_params() + self.shared_params_per_moe_layer()
         else:
             ffn = 3 * self.hidden * self.dense_intermediate
-        return self.attention_params() + norms + ffn
+        return self.attention_params(layer) + norms + ffn
 
     def embedding_params(self) -> int:
         """Input embedding table plus LM head (counted once when tied)."""
@@ -243,29 +277,37 @@ def _require_int(source: str, key: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _attention_from_table(source: str, table: Any) -> AttentionShape:
+def _attention_from_table(source: str, table: Any, prefix: str = "attention") -> AttentionShape:
     if not isinstance(table, dict):
-        raise ConfigError(f"{source}: field 'attention' is missing or not a table")
+        raise ConfigError(f"{source}: field '{prefix}' is missing or not a table")
     kind = table.get("kind")
     if kind not in ATTENTION_KINDS:
-        raise ConfigError(f"{source}: field 'attention.kind' must be one of {ATTENTION_KINDS}, got {kind!r}")
+        raise ConfigError(f"{source}: field '{prefix}.kind' must be one of {ATTENTION_KINDS}, got {kind!r}")
     known = {f.name for f in dataclasses.fields(AttentionShape)}
     unknown = set(table) - known
     if unknown:
-        raise ConfigError(f"{source}: unknown field 'attention.{sorted(unknown)[0]}'")
+        raise ConfigError(f"{source}: unknown field '{prefix}.{sorted(unknown)[0]}'")
+    flags = {"sinks", "output_gate", "shared_kv"}
     values: dict[str, Any] = {"kind": kind}
-    for key in known - {"kind", "sinks"}:
+    for key in known - {"kind"} - flags:
         if key in table:
-            values[key] = _require_int(source, f"attention.{key}", table[key], 0)
+            values[key] = _require_int(source, f"{prefix}.{key}", table[key], 0)
     for key in ("heads", "kv_heads", "head_dim"):
         if key not in values:
-            raise ConfigError(f"{source}: field 'attention.{key}' is missing")
-        _require_int(source, f"attention.{key}", values[key], 1)
-    if "sinks" in table:
-        values["sinks"] = bool(table["sinks"])
+            raise ConfigError(f"{source}: field '{prefix}.{key}' is missing")
+        _require_int(source, f"{prefix}.{key}", values[key], 1)
+    for key in flags & set(table):
+        values[key] = bool(table[key])
     if kind == "mla" and not values.get("kv_lora_rank"):
-        raise ConfigError(f"{source}: field 'attention.kv_lora_rank' is required for MLA attention")
+        raise ConfigError(f"{source}: field '{prefix}.kv_lora_rank' is required for MLA attention")
     return AttentionShape(**values)
+
+
+def _layer_list(where: str, table: dict[str, Any], key: str, layers: int) -> tuple[int, ...]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in value):
+        raise ConfigError(f"{where}: field '{key}' must list layer indices below {layers}")
+    return tuple(sorted(set(value)))
 
 
 def preset_from_table(name: str, table: dict[str, Any], source: str = "presets.toml") -> ModelPreset:
@@ -290,12 +332,10 @@ def preset_from_table(name: str, table: dict[str, Any], source: str = "presets.t
         if key in table:
             values[key] = bool(table[key])
     values["attention"] = _attention_from_table(where, table.get("attention"))
-    dense_layers = table.get("dense_layers", [])
-    if not isinstance(dense_layers, list) or any(
-        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < values["layers"] for i in dense_layers
-    ):
-        raise ConfigError(f"{where}: field 'dense_layers' must list layer indices below {values['layers']}")
-    values["dense_layers"] = tuple(sorted(set(dense_layers)))
+    values["dense_layers"] = _layer_list(where, table, "dense_layers", values["layers"])
+    if "alt_attention" in table or "alt_attention_layers" in table:
+        values["alt_attention"] = _attention_from_table(where, table.get("alt_attention"), "alt_attention")
+        values["alt_attention_layers"] = _layer_list(where, table, "alt_attention_layers", values["layers"])
     fmt = str(table.get("default_format", "BF16")).upper()
     bytes_per_weight(fmt)
     values["default_format"] = fmt

@@ -25,6 +25,15 @@ PUBLISHED = {
     "deepseek-v3": 671.0,
     "qwen2-0.5b": 0.494,
     "qwen3-0.6b": 0.596,
+    "glm-4.5-air": 106.0,
+}
+# Presets without a published total found first-hand: the figure in the model's name.
+NAMED = {
+    "gemma-4-26b-a4b": (26.0, 3.8),
+    "granite-3.1-3b-a800m": (3.3, 0.8),
+    "glm-4.7-flash": (30.0, 3.0),
+    "qwen3.5-35b-a3b": (35.0, 3.0),
+    "qwen3-next-80b-a3b": (80.0, 3.0),
 }
 
 
@@ -34,8 +43,31 @@ def test_total_params_match_published_within_2_percent(name: str) -> None:
     assert preset.total_params() / 1e9 == pytest.approx(PUBLISHED[name], rel=0.02)
 
 
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_total_and_active_params_match_the_name_within_5_percent(name: str) -> None:
+    preset = load_preset(name)
+    total, active = NAMED[name]
+    assert preset.published_total_params_b == 0.0
+    assert preset.total_params() / 1e9 == pytest.approx(total, rel=0.05)
+    assert preset.active_params() / 1e9 == pytest.approx(active, rel=0.35)  # "A3B" is rounded to a billion
+
+
 def test_every_builtin_preset_is_checked() -> None:
-    assert set(builtin_names("moe")) | set(builtin_names("dense")) == set(PUBLISHED)
+    assert set(builtin_names("moe")) | set(builtin_names("dense")) == set(PUBLISHED) | set(NAMED)
+
+
+def test_alternate_attention_layers_by_hand() -> None:
+    gemma = load_preset("gemma-4-26b-a4b")
+    h = 2816
+    sliding = h * 16 * 256 + 2 * h * 8 * 256 + 16 * 256 * h + 2 * 256  # q, k, v, o, q/k norms
+    full = h * 16 * 512 + h * 2 * 512 + 16 * 512 * h + 2 * 512  # keys double as values: no v
+    assert gemma.attention_params(0) == sliding and gemma.attention_params(5) == full
+    assert gemma.kv_cache_bytes_per_token() == 25 * 2 * 8 * 256 * 2 + 5 * 2 * 512 * 2
+    qwen = load_preset("qwen3.5-35b-a3b")
+    linear = 2048 * (2 * 16 * 128 + 2 * 32 * 128 + 2 * 32) + 32 * 128 * 2048 + 4 * (2 * 16 * 128 + 32 * 128) + 2 * 32 + 128
+    gated = 2048 * 16 * 256 * 2 + 2 * 2048 * 2 * 256 + 16 * 256 * 2048 + 2 * 256
+    assert qwen.attention_params(0) == linear and qwen.attention_params(3) == gated
+    assert qwen.kv_cache_bytes_per_token() == 10 * 2 * 2 * 256 * 2  # only the 10 full-attention layers cache keys and values
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,7 @@ def dense_model_step_us(
 ) -> float:
     """One decode step of a dense model: its weights read once, its KV read per request, 2·params FLOPs per token."""
     weight_bytes = model.non_expert_bytes_per_token()
-    kv_bytes = batch * context_tokens * model.layers * model.attention.kv_cache_bytes_per_token(kv_bytes_per_element)
+    kv_bytes = batch * context_tokens * model.kv_cache_bytes_per_token(kv_bytes_per_element)
     flops = 2.0 * batch * model.non_expert_params_per_token()
     return dense_us(weight_bytes + kv_bytes, flops)
 

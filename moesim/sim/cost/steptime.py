@@ -129,7 +129,7 @@ class StepTimeModel:
         p = self.preset
         return (
             p.non_expert_bytes_per_token(self.weight_format),
-            p.layers * p.attention.kv_cache_bytes_per_token(self.kv_bytes_per_element),
+            p.kv_cache_bytes_per_token(self.kv_bytes_per_element),
             float(p.non_expert_params_per_token()),
             DENSE_KERNELS_PER_LAYER * p.layers,
         )

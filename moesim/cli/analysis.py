@@ -11,7 +11,14 @@ from moesim.cli.render import console, emit_json, print_json, render_table
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Routing trace (Arrow IPC) whose windows the passes replay.")]
 ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in hardware profile name or a profile TOML path.")]
-EngineOpt = Annotated[str, typer.Option("--engine", help="per_slot, any dedup family of the profile, or best.")]
+EngineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engine",
+        help="dispatch (the engine's own kernel per pass size), per_slot, any dedup family of the profile, or best "
+        "(the cheapest). Default: dispatch on an engine profile, per_slot otherwise.",
+    ),
+]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Target preset (default: the trace's model).")]
 DrafterOpt = Annotated[str, typer.Option("--drafter", help="ngram, eagle, fixed:US (µs per draft step), or a dense preset.")]
 FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format (default: the trace's).")]
@@ -19,7 +26,7 @@ ContextOpt = Annotated[int, typer.Option("--context-tokens", help="KV tokens per
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
-def _scenario(trace: Path, profile: str, engine: str, model: str | None, drafter: str, weight_format: str | None, context: int) -> Any:
+def _scenario(trace: Path, profile: str, engine: str | None, model: str | None, drafter: str, weight_format: str | None, context: int) -> Any:
     from moesim.sim.analysis.scenario import load_scenario
 
     return load_scenario(trace, profile, engine, model, drafter, weight_format, context)
@@ -59,7 +66,7 @@ def bytes_command(
 def predict_command(
     trace: TraceOpt,
     profile: ProfileOpt,
-    engine: EngineOpt = "per_slot",
+    engine: EngineOpt = None,
     max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n (1..64).")] = 16,
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
@@ -85,7 +92,7 @@ def best_draft_command(
     profile: ProfileOpt,
     alpha: Annotated[list[float], typer.Option("--alpha", help="Acceptance rate(s) in [0, 1] (repeatable).")],
     max_draft: Annotated[int, typer.Option("--max-draft", help="Largest draft length k.")] = 8,
-    engine: EngineOpt = "per_slot",
+    engine: EngineOpt = None,
     drafter: DrafterOpt = "ngram",
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
@@ -95,12 +102,13 @@ def best_draft_command(
     """Best draft length k*(α) and its speedup, with intervals, the staircase and break-even acceptances."""
     from moesim.sim.analysis.best_draft import best_draft_analysis
 
-    result = best_draft_analysis(_scenario(trace, profile, engine, model, drafter, weight_format, context_tokens), alpha, max_draft)
+    scenario = _scenario(trace, profile, engine, model, drafter, weight_format, context_tokens)
+    result = best_draft_analysis(scenario, alpha, max_draft)
     if emit_json(result, as_json):
         return
     render_table(
         result.table(),
-        title=f"Best draft length, engine {engine}, drafter {drafter}, profile {profile}",
+        title=f"Best draft length, engine {scenario.model.engine}, drafter {drafter}, profile {profile}",
         caption="best_draft_range: the best k over the corners of the error box (ambiguous when it spans several)",
     )
     steps = ", ".join(f"k={k} from α={a:.3f}" for a, k in result.steps)
@@ -139,7 +147,7 @@ def batch_command(
     alpha: Annotated[float, typer.Option("--alpha", help="Acceptance rate in [0, 1].")],
     draft_len: Annotated[int, typer.Option("--draft-len", help="Draft length k (>= 1).")],
     batch: Annotated[str, typer.Option("--batch", help="Batch sizes, comma-separated.")] = "1,2,4,8,16,32",
-    engine: EngineOpt = "per_slot",
+    engine: EngineOpt = None,
     drafter: DrafterOpt = "ngram",
     moesd_slots: Annotated[
         bool, typer.Option("--moesd-slots", help="Verify γ = k slots per sequence (MoESD's convention) instead of k + 1.")
@@ -160,6 +168,6 @@ def batch_command(
         return
     render_table(
         result.table(),
-        title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), engine {engine}",
+        title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), engine {scenario.model.engine}",
         caption="target_efficiency = T(B,1)/T(B,v) (MoESD); speedup = τ(k,α)·T(B,1)/(T_draft + T(B,k+1))",
     )

@@ -7,11 +7,13 @@ import math
 from dataclasses import dataclass, field
 
 from moesim.errors import InputError
+from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.families import DenseFamily, ExpertFamily, Roofline
 from moesim.hw_profiles.provenance import Provenance
 
-BACKENDS = ("cuda", "metal", "cpu")
-STATUSES = ("calibrated", "datasheet-scaled", "derived")
+BACKENDS = ("cuda", "metal", "cpu", "vulkan")
+# published-calibrated: fitted on published measurements (data/public-bench), rows listed in its sources.
+STATUSES = ("calibrated", "published-calibrated", "datasheet-scaled", "derived")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class HardwareProfile:
     notes: tuple[str, ...] = ()
     derived_from: str = ""
     section_sources: dict[str, str] = field(default_factory=dict)
+    dispatch: Dispatch | None = None
+    partial: bool = False
 
     @property
     def families(self) -> tuple[str, ...]:

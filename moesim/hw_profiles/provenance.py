@@ -16,14 +16,31 @@ PROVENANCE_KINDS = ("calibrated", "published", "datasheet", "assumed")
 
 
 @dataclass(frozen=True)
+class FittedRow:
+    """One row of a measurement file a fit used: its number in the file, where it was published,
+    which variant (build, branch, config) of the engine it measured, and its tokens per pass."""
+
+    row: int
+    source: str
+    variant: str
+    n_tokens: int
+
+    def to_table(self) -> dict[str, object]:
+        """Plain-data form (a TOML inline table)."""
+        return {"row": self.row, "source": self.source, "variant": self.variant, "n_tokens": self.n_tokens}
+
+
+@dataclass(frozen=True)
 class Provenance:
-    """One source of numbers: its kind and what backs it (file and hash, citation, or note)."""
+    """One source of numbers: its kind and what backs it (file and hash, citation, or note);
+    a calibration on published rows lists exactly the rows it fitted (`rows`)."""
 
     kind: str
     file: str = ""
     sha256: str = ""
     citation: str = ""
     note: str = ""
+    rows: tuple[FittedRow, ...] = ()
 
     def problem(self) -> tuple[str, str] | None:
         """(field, reason) when this source is not acceptable; None when it is."""

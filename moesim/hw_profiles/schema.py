@@ -17,10 +17,11 @@ from typing import Any
 
 from moesim.atomic import write_text_atomic
 from moesim.errors import ConfigError
+from moesim.hw_profiles.dispatch import dispatch_from_table, dispatch_lines
 from moesim.hw_profiles.families import RANGE_FIELDS, CalibratedRange, DenseFamily, ExpertFamily, ExpertStructure, Roofline
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, HardwareProfile
-from moesim.hw_profiles.provenance import Provenance
+from moesim.hw_profiles.provenance import FittedRow, Provenance
 from moesim.tomlfile import read_toml
 
 FORMAT = "moesim-hardware-profile"
@@ -113,15 +114,29 @@ def _read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
     for key, table in sources_table.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{origin}: field 'sources.{key}' must be a table")
-        unknown = set(table) - {"kind", "file", "sha256", "citation", "note"}
+        unknown = set(table) - {"kind", "file", "sha256", "citation", "note", "rows"}
         if unknown:
             raise ConfigError(f"{origin}: field 'sources.{key}.{sorted(unknown)[0]}' is unknown")
-        provenance = Provenance(**{k: str(v) for k, v in table.items()})
+        rows = _read_rows(table.get("rows", []), f"{origin}: field 'sources.{key}.rows'")
+        provenance = Provenance(**{k: str(v) for k, v in table.items() if k != "rows"}, rows=rows)
         problem = provenance.problem()
         if problem:
             raise ConfigError(f"{origin}: field 'sources.{key}.{problem[0]}' {problem[1]}")
         sources[key] = provenance
     return sources
+
+
+def _read_rows(value: Any, where: str) -> tuple[FittedRow, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} must be a list of {{row, source, variant, n_tokens}} tables")
+    rows = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict) or set(entry) != {"row", "source", "variant", "n_tokens"}:
+            raise ConfigError(f"{where}[{i}] must be a table of exactly row, source, variant, n_tokens")
+        if not all(isinstance(entry[k], int) and not isinstance(entry[k], bool) and entry[k] > 0 for k in ("row", "n_tokens")):
+            raise ConfigError(f"{where}[{i}]: row and n_tokens must be positive integers, got {entry['row']!r}, {entry['n_tokens']!r}")
+        rows.append(FittedRow(entry["row"], str(entry["source"]), str(entry["variant"]), entry["n_tokens"]))
+    return tuple(rows)
 
 
 def _read_heldout(reader: _Reader, table: dict[str, Any], path: str) -> HeldoutError:
@@ -234,6 +249,8 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         "pass",
         "families",
         "sources",
+        "dispatch",
+        "partial",
     }
     if unknown:
         raise ConfigError(f"{origin}: field '{sorted(unknown)[0]}' is unknown")
@@ -283,6 +300,10 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     if "dense" not in families_table:
         raise reader.fail("families.dense", "is missing: a profile needs the dense family (non-expert weights, attention, KV)")
     dense = _read_dense(reader, families_table["dense"])
+    dispatch = dispatch_from_table(data["dispatch"], origin, reader.sources, tuple(experts)) if "dispatch" in data else None
+    partial = data.get("partial", False)
+    if not isinstance(partial, bool):
+        raise reader.fail("partial", f"must be true or false, got {partial!r}")
 
     return HardwareProfile(
         name=name,
@@ -298,6 +319,8 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         notes=tuple(str(note) for note in data.get("notes", [])),
         derived_from=str(data.get("derived_from", "")),
         section_sources=reader.section_sources,
+        dispatch=dispatch,
+        partial=partial,
     )
 
 
@@ -366,6 +389,8 @@ def profile_to_toml(profile: HardwareProfile) -> str:
     }
     if profile.derived_from:
         top["derived_from"] = profile.derived_from
+    if profile.partial:
+        top["partial"] = True
     if profile.notes:
         top["notes"] = list(profile.notes)
     _section(lines, None, top)
@@ -426,9 +451,15 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         )
         _section(lines, f"{path}.calibrated_range", {key: list(bounds) for key, bounds in family.calibrated_range.bounds.items()})
         _section(lines, f"{path}.heldout_error", _heldout_table(family.heldout_error))
+    if profile.dispatch is not None:
+        lines.extend(dispatch_lines(profile.dispatch))
     for key, source in profile.sources.items():
         fields = {"kind": source.kind, "file": source.file, "sha256": source.sha256, "citation": source.citation, "note": source.note}
         _section(lines, f"sources.{key}", {k: v for k, v in fields.items() if v})
+        if source.rows:
+            lines.append("rows = [")
+            lines.extend(f"    {_value(row.to_table())}," for row in source.rows)
+            lines.append("]")
     return "\n".join(lines) + "\n"
 
 

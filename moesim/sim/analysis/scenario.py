@@ -18,7 +18,7 @@ from moesim.hw_profiles.families import extrapolated
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
 from moesim.models import ModelPreset, builtin_names, load_preset
 from moesim.sim.cost.drafters import Drafter, make_drafter
-from moesim.sim.cost.steptime import PassCost, StepTimeModel, check_engine
+from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_engine
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import Uniform, synthesize
 
@@ -59,21 +59,21 @@ def preset_for_trace(trace: Trace, model: str | None) -> ModelPreset:
 def load_scenario(
     trace_path: str | Path,
     profile: str,
-    engine: str = "per_slot",
+    engine: str | None = None,
     model: str | None = None,
     drafter: str = "ngram",
     weight_format: str | None = None,
     context_tokens: int = 512,
 ) -> Scenario:
-    """Read the trace, resolve preset, profile, engine and drafter (each a one-line error when wrong)."""
+    """Read the trace, resolve preset, profile, engine (default: the engine profile's dispatch, else
+    per_slot) and drafter (each a one-line error when wrong)."""
     if context_tokens < 0:
         raise InputError(f"context length must be >= 0, got {context_tokens}")
     trace = read_trace(trace_path)
     preset = preset_for_trace(trace, model)
     hw = load_profile(profile)
-    check_engine(hw, engine)
     fmt = weight_format or trace.meta.geometry.weight_format
-    step = StepTimeModel(preset, hw, engine, fmt)
+    step = StepTimeModel(preset, hw, default_engine(hw, engine), fmt)
     return Scenario(step, trace, make_drafter(drafter, preset), context_tokens)
 
 

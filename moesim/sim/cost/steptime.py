@@ -25,6 +25,7 @@ from moesim.kernels.features import RoutingFeatures
 from moesim.models import ModelPreset
 
 BEST = "best"
+DISPATCH = "dispatch"  # the engine's own kernel choice per pass size (engine profiles with a [dispatch] table)
 # Kernels a decoder layer launches outside the routed experts (norms, QKV, attention, output
 # projection, router, shared expert or dense FFN), an assumed count for the dense family's
 # per-kernel launch time.
@@ -35,11 +36,19 @@ TIME_TABLES_KEPT = 256  # (family, tokens) layer-time tables the simulator's fas
 
 
 def check_engine(profile: HardwareProfile, engine: str) -> str:
-    """`per_slot`, any dedup family of the profile, or `best`."""
-    if engine == BEST or engine in profile.expert_families:
+    """`per_slot`, any dedup family of the profile, `best`, or `dispatch` on an engine profile."""
+    if engine == BEST or engine in profile.expert_families or (engine == DISPATCH and profile.dispatch is not None):
         return engine
-    known = ", ".join([*profile.expert_families, BEST])
-    raise InputError(f"profile '{profile.name}' has no family '{engine}' (engines: {known})")
+    known = ", ".join([*profile.expert_families, BEST, *([DISPATCH] if profile.dispatch is not None else [])])
+    why = " (it is not an engine profile: no [dispatch] table)" if engine == DISPATCH else ""
+    raise InputError(f"profile '{profile.name}' has no family '{engine}'{why} (engines: {known})")
+
+
+def default_engine(profile: HardwareProfile, engine: str | None = None) -> str:
+    """The engine asked for, or by default: `dispatch` on an engine profile, else `per_slot`."""
+    if engine is not None:
+        return check_engine(profile, engine)
+    return DISPATCH if profile.dispatch is not None else check_engine(profile, "per_slot")
 
 
 @dataclass(frozen=True)
@@ -101,11 +110,20 @@ class StepTimeModel:
         check_engine(self.profile, self.engine)
         if not self.weight_format:
             object.__setattr__(self, "weight_format", self.preset.default_format)
+        if self.engine == DISPATCH and not self.families:
+            raise InputError(f"profile '{self.profile.name}': the engine's dispatch has no kernel for weight format {self.weight_format}")
 
     @property
     def families(self) -> tuple[str, ...]:
         """The expert families the engine may use."""
+        if self.engine == DISPATCH:
+            return self.profile.dispatch.families_for(self.weight_format)  # type: ignore[union-attr]
         return tuple(self.profile.expert_families) if self.engine == BEST else (self.engine,)
+
+    def dispatched(self, n_tokens: np.ndarray | float) -> np.ndarray:
+        """The family the engine's dispatch runs for passes of n tokens (engine `dispatch` only)."""
+        p = self.preset
+        return self.profile.dispatch.family_for(self.weight_format, n_tokens, p.experts, p.top_k)  # type: ignore[union-attr]
 
     def dense_family_us(self, bytes_read: float, flops: float) -> float:
         """The profile's dense family for one kernel's bytes and FLOPs (drafters run through it)."""
@@ -160,7 +178,8 @@ class StepTimeModel:
         n_tokens = int(features.n_tokens.flat[0])
         distinct = features.distinct_experts.astype(np.intp)
         most = features.max_tokens_per_expert.astype(np.intp)
-        expert = min(float(self.layer_time_table(name, n_tokens)[distinct, most].sum()) for name in self.families)
+        names = (str(self.dispatched(n_tokens)),) if self.engine == DISPATCH else self.families
+        expert = min(float(self.layer_time_table(name, n_tokens)[distinct, most].sum()) for name in names)
         weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
         dense = self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * n_tokens, kernels)
         return expert + float(dense) + self.profile.pass_fixed_us
@@ -206,9 +225,14 @@ class StepTimeModel:
         total_tokens: np.ndarray,
         context_tokens: np.ndarray | float,
     ) -> PassCost:
-        """Choose the family (the engine's, or the cheapest for `best`), add dense and fixed time."""
+        """Choose the family (the engine's, the dispatched one, or the cheapest for `best`), add dense and fixed time."""
         per_family = np.stack([expert_us[name] for name in self.families])
-        choice = np.argmin(per_family, axis=0)
+        if self.engine == DISPATCH:
+            index = {name: i for i, name in enumerate(self.families)}
+            dispatched = self.dispatched(np.broadcast_to(total_tokens, per_family.shape[1:]))
+            choice = np.vectorize(index.__getitem__, otypes=[np.intp])(dispatched)
+        else:
+            choice = np.argmin(per_family, axis=0)
         expert = np.take_along_axis(per_family, choice[None], axis=0)[0]
         dense_parts = self.dense_parts_us(total_tokens, np.broadcast_to(context_tokens, np.shape(total_tokens)))
         dense = sum(dense_parts.values())

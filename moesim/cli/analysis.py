@@ -26,7 +26,9 @@ ContextOpt = Annotated[int, typer.Option("--context-tokens", help="KV tokens per
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 
-def _scenario(trace: Path, profile: str, engine: str | None, model: str | None, drafter: str, weight_format: str | None, context: int) -> Any:
+def _scenario(
+    trace: Path, profile: str, engine: str | None, model: str | None, drafter: str, weight_format: str | None, context: int
+) -> Any:
     from moesim.sim.analysis.scenario import load_scenario
 
     return load_scenario(trace, profile, engine, model, drafter, weight_format, context)
@@ -168,6 +170,7 @@ def batch_command(
         return
     render_table(
         result.table(),
-        title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), engine {scenario.model.engine}",
+        title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), "
+        f"engine {scenario.model.engine}",
         caption="target_efficiency = T(B,1)/T(B,v) (MoESD); speedup = τ(k,α)·T(B,1)/(T_draft + T(B,k+1))",
     )

@@ -124,6 +124,15 @@ class AttentionShape:
             total += self.heads
         return total
 
+    def flops_per_context_token(self) -> float:
+        """Attention FLOPs of one query against one cached token: 2·heads·(key width + value width)
+        (MLA in its absorbed form over the latent, as llama.cpp runs it; 0 for linear attention)."""
+        if self.kind == "linear":
+            return 0.0
+        if self.kind == "mla":
+            return 2.0 * self.heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        return 4.0 * self.heads * self.head_dim
+
     def kv_cache_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """KV-cache bytes one token adds to one layer (MLA caches the latent and the rope key; a
         linear-attention layer keeps a fixed state instead)."""
@@ -204,6 +213,14 @@ class ModelPreset:
     def kv_cache_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """KV-cache bytes one token of context adds over all layers."""
         return float(sum(self.attention_of(i).kv_cache_bytes_per_token(bytes_per_element) for i in range(self.layers)))
+
+    def attention_flops_per_context_token(self) -> float:
+        """Attention FLOPs of one query token against one cached token, over all layers."""
+        return float(sum(self.attention_of(i).flops_per_context_token() for i in range(self.layers)))
+
+    def lm_head_params(self) -> int:
+        """Parameters of the output head (vocab x hidden)."""
+        return self.vocab * self.hidden
 
     def non_expert_params_per_layer(self, layer: int) -> int:
         """Parameters of layer `layer` other than routed experts (attention, norms, FFN parts)."""

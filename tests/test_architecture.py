@@ -50,8 +50,10 @@ SUBFLOORS = {
     "hw_profiles": {
         "measurements": set(),
         TOP: set(),
+        "engines": {TOP},
         "microbench": {TOP, "measurements"},
-        "fitting": {TOP, "measurements"},
+        "importers": {TOP, "measurements", "microbench"},
+        "fitting": {TOP, "measurements", "engines", "importers"},
     },
     "sim": {
         "cost": set(),

@@ -81,7 +81,7 @@ def microbench_llama_cpp(
 def microbench_import_backend_ops(
     log: Annotated[Path, typer.Argument(help="Console output of `test-backend-ops perf -o MUL_MAT_ID`.")],
     out: OutOpt,
-    backend: Annotated[str | None, typer.Option(help="cpu, cuda or metal (default: from the log's backend name).")] = None,
+    backend: Annotated[str | None, typer.Option(help="cpu, cuda, metal or vulkan (default: from the log's backend name).")] = None,
     per_slot_max_tokens: Annotated[
         int | None, typer.Option(help="Largest pass size run by a per-slot kernel (default: per backend, see docs).")
     ] = None,

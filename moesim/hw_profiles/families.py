@@ -12,6 +12,7 @@ I = intermediate):
     time_us = fixed + per_expert·U + per_slot·S
             + b_e·(U + (reads − U)·(1 − hit)) / hbm_bandwidth + b_e·(reads − U)·hit / cache_bandwidth
             + S·6·h·I / compute_rate[v] + serial[v]·tok·chunks·(h + I)
+            + U·ceil((S/U) / J)·J·6·h·I / tile_rate        (kernels that compute whole tiles of J tokens)
 
 v is the kernel variant (the smallest tile width ≥ min(c, T)); tok·chunks·(h + I) is the serial
 path of one warp (the tokens of the busiest expert along one gate/up and one down row). Every
@@ -22,6 +23,7 @@ the calibrated rates) and the time never drops below the device roofline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -49,10 +51,21 @@ class Roofline:
 
 @dataclass(frozen=True)
 class ExpertStructure:
-    """How a kernel reads experts: tokens per weight read (1, T, or 0 = unbounded) and tile variants."""
+    """How a kernel reads experts: tokens per weight read (1, T, or 0 = unbounded) and tile variants;
+    and, for kernels that compute whole tiles of token columns per expert, the tile width J:
+    `tile_tokens`, or with `tile_step` the multiple of it that holds the pass's n tokens, at most
+    `tile_tokens` (llama.cpp's MMQ picks its column tile from the pass's tokens)."""
 
     tokens_per_read: int
     variants: tuple[int, ...] = ()
+    tile_tokens: int = 0
+    tile_step: int = 0
+
+    def tile_width(self, n_tokens: np.ndarray) -> np.ndarray:
+        """J: the tile width a pass of n tokens computes in (0: no tiles)."""
+        if self.tile_step:
+            return np.minimum(self.tile_tokens, self.tile_step * np.ceil(np.asarray(n_tokens) / self.tile_step - 1e-9))
+        return np.full(np.shape(n_tokens), float(self.tile_tokens))
 
     @property
     def n_rates(self) -> int:
@@ -130,6 +143,10 @@ def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float
         "compute": s * 6.0 * x.hidden * x.intermediate,
         "serial": active * tokens * chunks * (x.hidden + x.intermediate),
     }
+    if structure.tile_tokens:
+        width = np.maximum(structure.tile_width(x.n_tokens), 1.0)
+        tiles = np.ceil(s / safe_u / width - 1e-9)
+        columns["tile"] = active * u * tiles * width * 6.0 * x.hidden * x.intermediate
     if not structure.variants:
         return columns, np.zeros(np.shape(u), np.intp)
     widths = np.asarray(structure.variants, np.float64)
@@ -193,9 +210,23 @@ class ExpertFamily:
     provenance: Provenance
     roofline: Roofline
     note: str = ""
+    tile_tflops: float = math.inf
+    format_bandwidth_gbps: dict[str, float] = field(default_factory=dict)
+
+    def for_format(self, weight_format: str) -> ExpertFamily:
+        """The family as it runs weights of a format: a format with its own effective bandwidth
+        (its dequantisation cost per byte, where calibration resolved it) reads at that rate."""
+        rate = self.format_bandwidth_gbps.get(weight_format.upper())
+        return (
+            self
+            if rate is None
+            else dataclasses.replace(self, hbm_bandwidth_gbps=rate, cache_bandwidth_gbps=rate, format_bandwidth_gbps={})
+        )
 
     def parameters(self) -> dict[str, object]:
-        """The family's structure and rates as plain data (the TOML keys)."""
+        """The family's structure and rates as plain data (the TOML keys; tile keys only for tiled kernels)."""
+        tiles = self.structure.tile_tokens
+        tiled = {"tile_tokens": tiles, "tile_step": self.structure.tile_step, "tile_tflops": self.tile_tflops} if tiles else {}
         return {
             "tokens_per_read": self.structure.tokens_per_read,
             "variants": list(self.structure.variants),
@@ -207,6 +238,8 @@ class ExpertFamily:
             "cache_bytes": self.cache_bytes,
             "compute_tflops": list(self.compute_tflops),
             "serial_ns": list(self.serial_ns),
+            **tiled,
+            **({"format_bandwidth_gbps": dict(self.format_bandwidth_gbps)} if self.format_bandwidth_gbps else {}),
         }
 
     def coefficients(self) -> dict[str, float]:
@@ -218,6 +251,8 @@ class ExpertFamily:
             "hbm": _rate_to_coefficient(self.hbm_bandwidth_gbps, 1e3),
             "cache": _rate_to_coefficient(self.cache_bandwidth_gbps, 1e3),
         }
+        if self.structure.tile_tokens:
+            coefficients["tile"] = _rate_to_coefficient(self.tile_tflops, 1e6)
         suffixes = [str(v) for v in self.structure.variants] or [""]
         for suffix, compute, serial in zip(suffixes, *self._variant_coefficients(), strict=True):
             coefficients[f"compute{suffix}"] = compute
@@ -234,7 +269,7 @@ class ExpertFamily:
         compute, serial = self._variant_coefficients()
         total = columns["compute"] * compute[index] + columns["serial"] * serial[index]
         for name, coefficient in self.coefficients().items():
-            if coefficient and name in ("fixed", "per_expert", "per_slot", "hbm", "cache"):
+            if coefficient and name in ("fixed", "per_expert", "per_slot", "hbm", "cache", "tile"):
                 total = total + coefficient * columns[name]
         return total
 
@@ -245,7 +280,8 @@ class ExpertFamily:
 
     def time_us(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
         """Time in µs of one MoE layer's expert operation, vectorised over the features' shape."""
-        return self.inputs_time_us(ExpertInputs.of(features, shape))
+        family = self.for_format(shape.weight_format) if self.format_bandwidth_gbps else self
+        return family.inputs_time_us(ExpertInputs.of(features, shape))
 
     def extrapolation_factor(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
         """1.0 inside the calibrated range; else how far outside (max ratio over inputs)."""
@@ -259,7 +295,10 @@ class ExpertFamily:
 
 @dataclass(frozen=True)
 class DenseFamily:
-    """Non-expert weights, attention and KV reads: fixed time per kernel + bytes / bandwidth + flops / rate."""
+    """Non-expert weights, attention and KV reads: fixed time per kernel + bytes / bandwidth + flops / rate.
+
+    `attention_tflops`: the rate of attention's own FLOPs (queries against cached tokens); inf, the
+    default, leaves them out (profiles fitted on passes at short contexts, where they are noise)."""
 
     bandwidth_gbps: float
     tflops: float
@@ -268,6 +307,7 @@ class DenseFamily:
     heldout_error: HeldoutError = field(default_factory=HeldoutError)
     note: str = ""
     name: str = "dense"
+    attention_tflops: float = math.inf
 
     def time_us(self, bytes_read: np.ndarray | float, flops: np.ndarray | float = 0.0, kernels: np.ndarray | float = 1.0) -> np.ndarray:
         """Time in µs = launch_us·kernels + bytes / bandwidth + flops / FLOP rate."""
@@ -276,6 +316,10 @@ class DenseFamily:
             + np.asarray(bytes_read, np.float64) / (self.bandwidth_gbps * 1e3)
             + np.asarray(flops, np.float64) * _rate_to_coefficient(self.tflops, 1e6)
         )
+
+    def attention_us(self, flops: np.ndarray | float) -> np.ndarray:
+        """Time in µs of attention's FLOPs = flops / attention rate (0 when the rate is inf)."""
+        return np.asarray(flops, np.float64) * _rate_to_coefficient(self.attention_tflops, 1e6)
 
     def extrapolation_factor(self, bytes_read: np.ndarray | float) -> np.ndarray:
         """The dense family is not calibrated on a grid: always 1.0 (its ε says how far to trust it)."""

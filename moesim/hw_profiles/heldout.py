@@ -1,7 +1,8 @@
 """How trustworthy a fitted family is: absolute relative time errors on rows the fit never saw.
 
 Leave-one-shape-out fits without one model shape and predicts it; leave-one-routing-out does
-the same for one routing level. The default bound ε for propagation is the larger of the two
+the same for one routing level; leave-one-size-out (a single model's run, e.g. a user's
+llama-bench over microbatch sizes) for one pass size. The default bound ε for propagation is the larger of the two
 held-out p90 errors (90 % of held-out rows lie within it), combined in quadrature with the
 transfer uncertainty of a profile that was not calibrated on its own device.
 """
@@ -45,9 +46,11 @@ class HeldoutError:
     in_sample: ErrorStats | None = None
     transfer: float = 0.0
     transfer_note: str = ""
+    leave_one_size_out: ErrorStats | None = None
 
     def _combined(self, statistic: str) -> float:
-        held = [getattr(s, statistic) for s in (self.leave_one_shape_out, self.leave_one_routing_out) if s is not None]
+        splits = (self.leave_one_shape_out, self.leave_one_routing_out, self.leave_one_size_out)
+        held = [getattr(s, statistic) for s in splits if s is not None]
         if not held and self.transfer == 0.0:
             return math.nan
         return math.hypot(max(held, default=0.0), self.transfer)
@@ -69,7 +72,7 @@ class HeldoutError:
 
     def with_transfer(self, transfer: float, note: str) -> HeldoutError:
         """The same errors with a transfer uncertainty (for a profile derived from another device)."""
-        return HeldoutError(self.leave_one_shape_out, self.leave_one_routing_out, self.in_sample, transfer, note)
+        return HeldoutError(self.leave_one_shape_out, self.leave_one_routing_out, self.in_sample, transfer, note, self.leave_one_size_out)
 
 
 def relative_errors(predicted_us: np.ndarray, measured_us: np.ndarray) -> np.ndarray:

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from moesim.atomic import write_text_atomic
-from moesim.errors import ConfigError
+from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles.dispatch import dispatch_from_table, dispatch_lines
 from moesim.hw_profiles.families import RANGE_FIELDS, CalibratedRange, DenseFamily, ExpertFamily, ExpertStructure, Roofline
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import FittedRow, Provenance
+from moesim.models import bytes_per_weight
 from moesim.tomlfile import read_toml
 
 FORMAT = "moesim-hardware-profile"
@@ -30,7 +31,8 @@ FORMAT_VERSION = 1
 _DEVICE_TEXT = ("name", "engine", "engine_version", "driver_version", "runtime_version")
 _EXPERT_RATES = ("hbm_bandwidth_gbps", "cache_bandwidth_gbps")
 _EXPERT_TIMES = ("fixed_us", "per_expert_us", "per_slot_us", "cache_bytes")
-_SPLITS = ("leave_one_shape_out", "leave_one_routing_out", "in_sample")
+_TILE_KEYS = ("tile_tokens", "tile_step", "tile_tflops")
+_SPLITS = ("leave_one_shape_out", "leave_one_routing_out", "in_sample", "leave_one_size_out")
 
 
 class _Reader:
@@ -181,8 +183,8 @@ def _read_range(reader: _Reader, table: dict[str, Any], path: str) -> Calibrated
 def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Roofline) -> ExpertFamily:
     path = f"families.{name}"
     allowed = {"tokens_per_read", "variants", *_EXPERT_RATES, *_EXPERT_TIMES, "compute_tflops", "serial_ns", "source", "note"}
-    reader.unknown(table, path, allowed | {"calibrated_range", "heldout_error"})
-    reader.source(table, path, (*_EXPERT_RATES, *_EXPERT_TIMES, "compute_tflops", "serial_ns"))
+    reader.unknown(table, path, allowed | {"calibrated_range", "heldout_error", "format_bandwidth_gbps", *_TILE_KEYS})
+    reader.source(table, path, (*_EXPERT_RATES, *_EXPERT_TIMES, "compute_tflops", "serial_ns", "tile_tflops"))
     tokens_per_read = table.get("tokens_per_read")
     if isinstance(tokens_per_read, bool) or not isinstance(tokens_per_read, int) or tokens_per_read < 0:
         raise reader.fail(f"{path}.tokens_per_read", f"must be an integer >= 0 (0 = one read per distinct expert), got {tokens_per_read!r}")
@@ -194,7 +196,13 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
         or (variants and (tokens_per_read < 2 or variants[-1] != tokens_per_read))
     ):
         raise reader.fail(f"{path}.variants", f"must list ascending tile widths ending at tokens_per_read (> 1), got {variants!r}")
-    structure = ExpertStructure(tokens_per_read, tuple(variants))
+    tiles = {key: table.get(key, 0) for key in _TILE_KEYS[:2]}
+    for key, value in tiles.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise reader.fail(f"{path}.{key}", f"must be an integer >= 0, got {value!r}")
+    if tiles["tile_tokens"] and "tile_tflops" not in table:
+        raise reader.fail(f"{path}.tile_tflops", "is missing: a tiled kernel needs its tile compute rate")
+    structure = ExpertStructure(tokens_per_read, tuple(variants), tiles["tile_tokens"], tiles["tile_step"])
     if name == "per_slot" and tokens_per_read != 1:
         raise reader.fail(f"{path}.tokens_per_read", f"must be 1 for the per_slot family, got {tokens_per_read}")
     return ExpertFamily(
@@ -213,13 +221,30 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
         provenance=reader.sources[reader.section_sources[path]],
         roofline=roofline,
         note=str(table.get("note", "")),
+        tile_tflops=reader.number(table, "tile_tflops", path, positive=True, allow_inf=True) if structure.tile_tokens else math.inf,
+        format_bandwidth_gbps=_read_format_rates(reader, table.get("format_bandwidth_gbps", {}), f"{path}.format_bandwidth_gbps"),
     )
+
+
+def _read_format_rates(reader: _Reader, table: Any, path: str) -> dict[str, float]:
+    """{FORMAT = GB/s}: weight formats with their own effective bandwidth."""
+    if not isinstance(table, dict):
+        raise reader.fail(path, "must be a table of weight format = GB/s")
+    rates = {}
+    for fmt, value in table.items():
+        try:
+            bytes_per_weight(fmt)
+        except InputError:
+            raise reader.fail(f"{path}.{fmt}", "is not a weight format") from None
+        rates[fmt.upper()] = reader.number(table, fmt, path, positive=True, allow_inf=True)
+    return rates
 
 
 def _read_dense(reader: _Reader, table: dict[str, Any]) -> DenseFamily:
     path = "families.dense"
-    reader.unknown(table, path, {"bandwidth_gbps", "tflops", "launch_us", "source", "note", "heldout_error"})
-    reader.source(table, path, ("bandwidth_gbps", "tflops", "launch_us"))
+    reader.unknown(table, path, {"bandwidth_gbps", "tflops", "launch_us", "attention_tflops", "source", "note", "heldout_error"})
+    reader.source(table, path, ("bandwidth_gbps", "tflops", "launch_us", "attention_tflops"))
+    attention = reader.number(table, "attention_tflops", path, positive=True, allow_inf=True) if "attention_tflops" in table else math.inf
     return DenseFamily(
         bandwidth_gbps=reader.number(table, "bandwidth_gbps", path, positive=True),
         tflops=reader.number(table, "tflops", path, positive=True, allow_inf=True),
@@ -227,6 +252,7 @@ def _read_dense(reader: _Reader, table: dict[str, Any]) -> DenseFamily:
         provenance=reader.sources[reader.section_sources[path]],
         heldout_error=_read_heldout(reader, table, path),
         note=str(table.get("note", "")),
+        attention_tflops=attention,
     )
 
 
@@ -431,6 +457,7 @@ def profile_to_toml(profile: HardwareProfile) -> str:
             "bandwidth_gbps": dense.bandwidth_gbps,
             "tflops": dense.tflops,
             "launch_us": dense.launch_us,
+            "attention_tflops": dense.attention_tflops if math.isfinite(dense.attention_tflops) else None,
             "note": dense.note or None,
             "source": profile.section_sources["families.dense"],
             **_overrides(profile, "families.dense"),

@@ -1,12 +1,10 @@
 """Profiles for hardware nobody measured here: a calibrated profile scaled.
 
 `derive_profile` is the what-if: bandwidth terms × X, compute terms × Y, optionally a new fixed
-time per pass. `profile_for_device` scales the calibrated H200 profile to a catalog device:
-bandwidth by the ratio of effective bandwidths (datasheet peak × effective fraction), compute
-by the ratio of the peaks the kernel runs on (FP32 cores for the hand-written per-slot and dedup
-kernels, tensor cores for GEMM-based ones), the cache by the device's L2; fixed and serial-path
-times are kept. Each scaled profile carries the base's held-out errors plus an assumed transfer
-uncertainty, so its ε is wider than the calibrated one.
+time per pass. `scaled_engine_profile` moves an engine profile to a catalog device of the same
+engine by the ratios of their datasheet peaks (never from another engine's kernels, never from
+the lab kernels of the H200 calibration); fixed times are kept. Each scaled profile carries the
+base's held-out errors plus an assumed transfer uncertainty, so its ε is wider than the base's.
 """
 
 from __future__ import annotations
@@ -16,13 +14,11 @@ import math
 from collections.abc import Callable
 
 from moesim.errors import InputError
-from moesim.hw_profiles.catalog import DeviceSpec, catalog
+from moesim.hw_profiles.catalog import DeviceSpec
+from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.families import ExpertFamily, Roofline
-from moesim.hw_profiles.fitting.calibrate import CACHE_SHARE
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
-
-TENSOR_FAMILIES = ("dedup_grouped_gemm", "dedup_loop")
 
 
 def _scaled_family(
@@ -43,7 +39,9 @@ def _scaled_family(
         hbm_bandwidth_gbps=family.hbm_bandwidth_gbps * bandwidth_scale,
         cache_bandwidth_gbps=family.cache_bandwidth_gbps * bandwidth_scale,
         cache_bytes=cache_bytes,
+        format_bandwidth_gbps={fmt: rate * bandwidth_scale for fmt, rate in family.format_bandwidth_gbps.items()},
         compute_tflops=tuple(rate * compute_scale for rate in family.compute_tflops),
+        tile_tflops=family.tile_tflops * compute_scale,
         roofline=roofline,
         heldout_error=heldout,
         provenance=provenance,
@@ -84,6 +82,7 @@ def _scale(
         base.dense,
         bandwidth_gbps=base.dense.bandwidth_gbps * bandwidth_scale,
         tflops=base.dense.tflops * compute_scale("dense"),
+        attention_tflops=base.dense.attention_tflops * compute_scale("dense"),
         provenance=source,
         heldout_error=base.dense.heldout_error.with_transfer(
             math.hypot(base.dense.heldout_error.transfer, transfer), source.note or source.citation
@@ -102,9 +101,11 @@ def _scale(
         dense=dense,
         sources=sources,
         field_sources={},
-        notes=(),
+        notes=base.notes,
         derived_from=base.name,
         section_sources=section_sources,
+        dispatch=base.dispatch,
+        partial=base.partial,
     )
 
 
@@ -142,75 +143,37 @@ def derive_profile(
     )
 
 
-def effective_fraction(spec: DeviceSpec, base_spec: DeviceSpec, base: HardwareProfile) -> tuple[float, str, str]:
-    """Effective/peak bandwidth of a device, the kind of evidence, and how it was obtained.
-
-    CUDA: the base device's measured read-ceiling fraction (assumed to carry over; published
-    llama.cpp decode rates are only lower bounds there, dominated by per-token overhead on fast
-    GPUs). Metal: the published llama.cpp decode rate × model bytes / peak (a conservative lower
-    bound), or the mean of the Metal devices that have one.
-    """
-    base_fraction = base.dense.bandwidth_gbps / base_spec.peak_bandwidth_gbps
-    if spec.backend != "metal":
-        return base_fraction, "assumed", f"effective/peak bandwidth {base_fraction:.3f} as measured on the {base_spec.name} (read ceiling)"
-    if spec.published_tokens_per_s:
-        fraction = spec.published_bandwidth_gbps / spec.peak_bandwidth_gbps
-        return fraction, "published", f"effective/peak bandwidth {fraction:.3f} from {spec.published_citation}"
-    published = [
-        s.published_bandwidth_gbps / s.peak_bandwidth_gbps for s in catalog().values() if s.backend == "metal" and s.published_tokens_per_s
-    ]
-    fraction = sum(published) / len(published)
-    return fraction, "assumed", f"effective/peak bandwidth {fraction:.3f}: mean of the Metal devices with a published llama.cpp decode rate"
-
-
-def profile_for_device(base: HardwareProfile, spec: DeviceSpec, base_spec: DeviceSpec) -> HardwareProfile:
-    """The calibrated base profile scaled to a catalog device (status 'datasheet-scaled')."""
-    fraction, kind, how = effective_fraction(spec, base_spec, base)
-    bandwidth_scale = spec.peak_bandwidth_gbps * fraction / base.dense.bandwidth_gbps
-
-    def compute_scale(family: str) -> float:
-        if family == "dense" or family in TENSOR_FAMILIES:
-            return spec.tensor_tflops / base_spec.tensor_tflops
-        return spec.vector_tflops / base_spec.vector_tflops
-
+def scaled_engine_profile(base: HardwareProfile, spec: DeviceSpec, base_spec: DeviceSpec, name: str, dispatch: Dispatch) -> HardwareProfile:
+    """An engine profile moved to another device by its datasheet (status 'datasheet-scaled'):
+    bandwidths x the ratio of peak bandwidths, FLOP rates x the ratio of tensor peaks, fixed times
+    kept, the target's own dispatch (device class), held-out errors kept plus the catalog's
+    transfer uncertainty. Only from a calibration of the same engine: the kernels are the same."""
+    bandwidth_scale = spec.peak_bandwidth_gbps / base_spec.peak_bandwidth_gbps
+    compute_scale = spec.tensor_tflops / base_spec.tensor_tflops
     note = (
-        f"{base.name} calibration scaled to {spec.name}: bandwidths x{bandwidth_scale:.4f} ({how}), FP32-core compute "
-        f"x{spec.vector_tflops / base_spec.vector_tflops:.4f}, tensor compute x{spec.tensor_tflops / base_spec.tensor_tflops:.4f}, "
-        f"cache = half the L2, fixed and serial-path times kept from the {base_spec.name}; uncertain: relative transfer "
-        f"uncertainty {spec.transfer:.2f} assumed ({spec.architecture} vs the calibrated device)"
+        f"{base.name} ({base.device.engine}) scaled to the {spec.name}: bandwidths x{bandwidth_scale:.4f} (peak {spec.peak_bandwidth_gbps:g} "
+        f"vs {base_spec.peak_bandwidth_gbps:g} GB/s), FLOP rates x{compute_scale:.4f} (tensor peak {spec.tensor_tflops:g} vs "
+        f"{base_spec.tensor_tflops:g} TFLOP/s), fixed times kept; relative transfer uncertainty {spec.transfer:.2f} assumed"
     )
-    extra = {"device-datasheet": Provenance("datasheet", citation=spec.citation)}
-    if kind == "published":
-        extra["published-decode"] = Provenance("published", citation=spec.published_citation)
     source = Provenance("assumed", note=note)
-    device = DeviceFacts(
-        spec.name,
-        spec.backend,
-        spec.memory_gb,
-        spec.l2_cache_bytes,
-        spec.compute_units,
-        engine="not measured: kernels as calibrated on the base device",
-        engine_version="",
-        driver_version="",
-        runtime_version="",
-    )
-    roofline = Roofline(spec.peak_bandwidth_gbps, spec.tensor_tflops)
+    device = DeviceFacts(spec.name, spec.backend, spec.memory_gb, spec.l2_cache_bytes, spec.compute_units, base.device.engine,
+                         base.device.engine_version, "", "")  # fmt: skip
     profile = _scale(
         base,
-        spec.key,
-        f"{spec.name}: datasheet-scaled from the {base_spec.name} calibration (uncertain)",
+        name,
+        f"{base.device.engine} on the {spec.name}: datasheet-scaled from {base.name} (uncertain)" + (" (partial)" if base.partial else ""),
         "datasheet-scaled",
         "scaled",
         source,
         bandwidth_scale,
-        compute_scale,
-        lambda _family: CACHE_SHARE * spec.l2_cache_bytes,
-        roofline,
+        lambda _family: compute_scale,
+        lambda family: family.cache_bytes,
+        Roofline(spec.peak_bandwidth_gbps, spec.tensor_tflops),
         device,
         base.pass_fixed_us,
         spec.transfer,
-        extra,
+        {"device-datasheet": Provenance("datasheet", citation=spec.citation)},
     )
+    sources = {key: value for key, value in profile.sources.items() if key in ("scaled", "device-datasheet", dispatch.source)}
     section_sources = {**profile.section_sources, "device": "device-datasheet", "roofline": "device-datasheet"}
-    field_sources = {"families.dense.bandwidth_gbps": "published-decode"} if kind == "published" else {}
-    return dataclasses.replace(profile, section_sources=section_sources, field_sources=field_sources)
+    return dataclasses.replace(profile, sources=sources, section_sources=section_sources, dispatch=dispatch)

@@ -79,17 +79,21 @@ def _columns_for(terms: tuple[str, ...], all_columns: dict[str, np.ndarray], str
     return names
 
 
-def solve_relative(design: np.ndarray, measured_us: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
-    """Non-negative θ minimising the Huber loss of (design·θ) / measured − 1 (IRLS on NNLS)."""
+def solve_relative(
+    design: np.ndarray, measured_us: np.ndarray, delta: float = HUBER_DELTA, offset_us: np.ndarray | None = None
+) -> np.ndarray:
+    """Non-negative θ minimising the Huber loss of (design·θ + offset) / measured − 1 (IRLS on NNLS);
+    `offset_us` is a known part of each prediction (e.g. terms held at their lower bounds)."""
     relative = design / measured_us[:, None]
     scale = np.abs(relative).max(axis=0)
     scale[scale == 0] = 1.0
     scaled = relative / scale
+    target = 1.0 - (np.zeros(len(measured_us)) if offset_us is None else offset_us / measured_us)
     weights = np.ones(len(measured_us))
     theta = np.zeros(design.shape[1])
     for _ in range(100):
-        theta, _ = nnls(scaled * weights[:, None], weights, maxiter=50 * design.shape[1])
-        residual = scaled @ theta - 1.0
+        theta, _ = nnls(scaled * weights[:, None], target * weights, maxiter=50 * design.shape[1])
+        residual = scaled @ theta - target
         new_weights = np.sqrt(np.minimum(1.0, delta / np.maximum(np.abs(residual), 1e-12)))
         if np.max(np.abs(new_weights - weights)) < 1e-9:
             break

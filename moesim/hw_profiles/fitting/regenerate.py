@@ -1,29 +1,45 @@
-"""`python -m moesim.hw_profiles.fitting.regenerate`: rewrite the datasheet-scaled built-in profiles from
-the shipped calibrated one (run after refitting `nvidia-h200`; tests check the files are current)."""
+"""`python -m moesim.hw_profiles.fitting.regenerate`: rewrite the engine built-in profiles from the
+shared public table (`data/public-bench/moe_pass_times.csv`, run from the repository root): the
+calibrated ones (`engine_builtins.RECIPES`) and those scaled from them (`engine_builtins.SCALED`).
+Tests check the shipped files are current. The H200 lab profile is refitted by the command in
+docs/profiles.md."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from moesim.hw_profiles.builtin import CALIBRATED, load_profile, profiles_dir
+from moesim.hw_profiles.builtin import profiles_dir
 from moesim.hw_profiles.catalog import catalog
-from moesim.hw_profiles.fitting.derive import profile_for_device
+from moesim.hw_profiles.engines import ENGINES
+from moesim.hw_profiles.fitting.derive import scaled_engine_profile
+from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE, RECIPES, SCALED, EngineFit, fit_recipe, recipe
+from moesim.hw_profiles.fitting.engine_fit import single_token_order
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.hw_profiles.schema import profile_to_toml
 
 
-def scaled_builtins(base: HardwareProfile) -> dict[str, HardwareProfile]:
-    """Every non-calibrated built-in, scaled from the calibrated base."""
+def engine_builtins(table: Path = PUBLIC_TABLE) -> tuple[dict[str, HardwareProfile], dict[str, EngineFit]]:
+    """Every engine built-in by name, and the fits of the calibrated ones."""
+    fits = {item.name: fit_recipe(item, table) for item in RECIPES}
+    profiles = {name: fit.profile for name, fit in fits.items()}
     specs = catalog()
-    return {key: profile_for_device(base, spec, specs[CALIBRATED]) for key, spec in specs.items() if key != CALIBRATED}
+    for item in SCALED:
+        base = recipe(item.base)
+        engine = ENGINES.create(base.engine)
+        fit = fits[item.base]
+        dispatch = engine.dispatch(None, item.architecture if item.architecture != "any" else base.architecture, "engine-source")
+        scaled = scaled_engine_profile(fit.profile, specs[item.device], specs[base.device], item.name, dispatch)
+        families, notes = single_token_order(scaled.expert_families, fit.rows)
+        profiles[item.name] = scaled.__class__(**{**scaled.__dict__, "expert_families": families, "notes": (*scaled.notes, *notes)})
+    return profiles, fits
 
 
-def regenerate(directory: Path | None = None) -> list[Path]:
-    """Rewrite the scaled built-in TOML files from the shipped calibrated profile."""
+def regenerate(directory: Path | None = None, table: Path = PUBLIC_TABLE) -> list[Path]:
+    """Rewrite the engine built-in TOML files."""
     directory = directory or profiles_dir()
     written = []
-    for key, profile in scaled_builtins(load_profile(CALIBRATED)).items():
-        path = directory / f"{key}.toml"
+    for name, profile in engine_builtins(table)[0].items():
+        path = directory / f"{name}.toml"
         path.write_text(profile_to_toml(profile))
         written.append(path)
     return written

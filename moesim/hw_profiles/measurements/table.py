@@ -1,8 +1,17 @@
 """Measurement tables, contract 3 (docs/architecture.md): the input of `profile fit` and `validate`.
 
 Parquet or CSV, one row per measured operation, units in column names. Required: `kernel`
-(family: `per_slot`, `dense`, or any name starting with `dedup`), `n_tokens`, `time_us`.
-Optional columns are type-checked when present; unknown columns are kept and ignored.
+(family: `per_slot`, `dense`, or any name starting with `dedup`; `dispatch` where the engine chose
+its kernels itself, as in a whole forward pass), `n_tokens`, `time_us`. Optional columns are
+type-checked when present; unknown columns are kept and ignored.
+
+A row's scope (`scope`): `op`, one MoE layer's expert operation (or one expert matrix, as
+`time_us_matrix` says), or `pass`, a whole forward pass of the model as a benchmark timed it:
+`time_us` per pass, averaged over the test's `passes`, with the KV context each pass read
+(`context_tokens`, mean over passes, summed over the pass's `sequences`), the share of passes
+that ran the output head (`head_share`) and the rows it ran on (`logit_rows`), the weight
+formats of the experts (`dtype`) and of the other weights (`dense_format`). Importers of
+published and user benchmark outputs (`moesim.hw_profiles.importers`) write these.
 
 A measurement folder (what the microbenchmarks write) holds the table, `provenance.json` (how it
 was measured; the llama.cpp runner's dense-twin specs) and, where known, `device.json`.
@@ -50,12 +59,26 @@ OPTIONAL_COLUMNS: dict[str, type[pl.DataType]] = {
     "draft_len": pl.Int64,
     "accepted_mean": pl.Float64,
     "tokens_per_s": pl.Float64,
+    "scope": pl.String,
+    "passes": pl.Int64,
+    "context_tokens": pl.Float64,
+    "head_share": pl.Float64,
+    "logit_rows": pl.Int64,
+    "sequences": pl.Int64,
+    "dense_format": pl.String,
+    "engine_version": pl.String,
+    "variant": pl.String,
+    "source": pl.String,
+    "source_row": pl.Int64,
 }
+SCOPES = ("op", "pass")
+DISPATCH_KERNEL = "dispatch"
 
 # Columns that must be > 0 where given, and those that must be >= 0.
 _POSITIVE = ("n_tokens", "time_us", "layers", "distinct_experts", "slots", "max_tokens_per_expert", "hidden",
-             "expert_intermediate", "experts", "top_k", "expert_bytes", "tokens_per_s")  # fmt: skip
-_NON_NEGATIVE = ("bytes_requested", "seq", "window_start", "draft_len", "accepted_mean")
+             "expert_intermediate", "experts", "top_k", "expert_bytes", "tokens_per_s", "passes", "logit_rows",
+             "sequences", "source_row")  # fmt: skip
+_NON_NEGATIVE = ("bytes_requested", "seq", "window_start", "draft_len", "accepted_mean", "context_tokens", "head_share")
 
 
 def is_family(kernel: str) -> bool:
@@ -86,7 +109,11 @@ def _read_raw(path: Path) -> pl.DataFrame:
 def load_measurements(path: str | os.PathLike[str]) -> pl.DataFrame:
     """Read and check a measurement table; known columns are cast to their contract types."""
     path = Path(path)
-    frame = _read_raw(path)
+    return check_measurements(_read_raw(path), str(path))
+
+
+def check_measurements(frame: pl.DataFrame, path: str) -> pl.DataFrame:
+    """Check a measurement table read or built elsewhere; known columns are cast to their contract types."""
     for name in REQUIRED_COLUMNS:
         if name not in frame.columns:
             raise InputError(f"{path}: column '{name}' is missing (required: {', '.join(REQUIRED_COLUMNS)})")
@@ -114,12 +141,18 @@ def load_measurements(path: str | os.PathLike[str]) -> pl.DataFrame:
         if nulls.len():
             raise InputError(f"{path}: row {int(nulls[0])}: field '{name}' is empty")
     kernel = frame["kernel"]
-    bad_family = (~(kernel.is_in(["per_slot", "dense"]) | kernel.str.starts_with("dedup"))).arg_true()
+    bad_family = (~(kernel.is_in(["per_slot", "dense", DISPATCH_KERNEL]) | kernel.str.starts_with("dedup"))).arg_true()
     if bad_family.len():
         row = int(bad_family[0])
         raise InputError(
-            f"{path}: row {row}: field 'kernel' is {frame['kernel'][row]!r}; a family is per_slot, dense or a name starting with dedup"
+            f"{path}: row {row}: field 'kernel' is {frame['kernel'][row]!r}; a family is per_slot, dense or a name starting with dedup "
+            f"(or {DISPATCH_KERNEL}: the engine's own choice)"
         )
+    if "scope" in frame.columns:
+        bad_scope = (frame["scope"].is_not_null() & ~frame["scope"].is_in(SCOPES)).arg_true()
+        if bad_scope.len():
+            row = int(bad_scope[0])
+            raise InputError(f"{path}: row {row}: field 'scope' is {frame['scope'][row]!r}, expected one of {', '.join(SCOPES)}")
     for name in _POSITIVE + _NON_NEGATIVE:
         if name not in frame.columns:
             continue

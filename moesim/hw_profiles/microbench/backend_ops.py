@@ -14,6 +14,10 @@ same routing (`features` = "expected"). A SwiGLU expert of hidden k and intermed
 such matrices of equal bytes (gate, up: m×k; down: k×m), so a row's `time_us` is 3 × the measured
 time, as one layer's expert operation (SwiGLU and the combine excluded); `time_us_matrix` keeps
 the measurement. Types without a byte size in moesim (i-quants) are skipped and counted.
+
+Also read: the `--output sql` form (`INSERT INTO test_backend_ops (...) VALUES (...);` lines,
+which name the device in every row), and fused cases (`o=N`: N chained MUL_MAT_IDs in one timed
+graph, `time_us_matrix` = time / N, the parameters kept in `op_params`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BACKEND = re.compile(r"^Backend \d+/\d+: (?P<name>\S+)")
 _DESCRIPTION = re.compile(r"^\s*Device description: (?P<description>.+?)\s*$")
 _CASE = re.compile(r"^\s*MUL_MAT_ID\((?P<params>[^)]*)\):\s*(?P<runs>\d+) runs -\s*(?P<us>[0-9.]+) us/run")
+_SQL = re.compile(r"^\s*INSERT INTO test_backend_ops \((?P<columns>[^)]*)\) VALUES \((?P<values>.*)\);\s*$")
 _PARAMS = ("type_a", "type_b", "n_mats", "n_used", "b", "m", "n", "k")
 EXPECTATION_DRAWS = 400
 
@@ -60,48 +65,70 @@ class MulMatIdCase:
     params: str
 
 
+def mul_mat_id_case(params: str, backend_name: str, device: str, runs: int, time_us: float, where: str) -> MulMatIdCase:
+    """One case from its printed parameters; a fused case of o chained products counts once per product."""
+    values = dict(item.partition("=")[::2] for item in params.split(","))
+    missing = [p for p in _PARAMS if p not in values]
+    if missing:
+        raise InputError(f"{where}: MUL_MAT_ID case lacks '{missing[0]}' ({params})")
+    try:
+        numbers = {p: int(values[p]) for p in ("n_mats", "n_used", "b", "m", "n", "k")}
+        chained = int(values.get("o", 1))
+    except ValueError:
+        raise InputError(f"{where}: MUL_MAT_ID case has a non-integer size ({params})") from None
+    return MulMatIdCase(
+        backend_name=backend_name,
+        device=device,
+        type_a=values["type_a"],
+        n_mats=numbers["n_mats"],
+        n_used=numbers["n_used"],
+        broadcast_input=bool(numbers["b"]),
+        m=numbers["m"],
+        n=numbers["n"],
+        k=numbers["k"],
+        runs=runs,
+        time_us=time_us / max(chained, 1),
+        params=params,
+    )
+
+
+def _sql_values(text: str) -> list[str]:
+    """The values of one SQL VALUES list: 'quoted' strings (with '' escapes) and bare numbers."""
+    return [q.replace("''", "'") if q or not b else b.strip() for q, b in re.findall(r"'((?:[^']|'')*)'|([^,]+)", text)]
+
+
 def parse_backend_ops_perf(text: str, source: str = "log") -> list[MulMatIdCase]:
-    """Every timed MUL_MAT_ID line (not MUL_MAT_ID_FUSION, not 'not supported'), with its backend."""
+    """Every timed MUL_MAT_ID case (console lines, or SQL rows of `--output sql`; not
+    MUL_MAT_ID_FUSION, not 'not supported'), with its backend and device."""
     cases = []
     backend_name = device = ""
     for number, raw in enumerate(text.splitlines(), start=1):
         line = _ANSI.sub("", raw)
+        where = f"{source}: line {number}"
         if match := _BACKEND.match(line):
             backend_name = device = match["name"]
         elif match := _DESCRIPTION.match(line):
             device = match["description"]
         elif match := _CASE.match(line):
-            values = dict(item.partition("=")[::2] for item in match["params"].split(","))
-            missing = [p for p in _PARAMS if p not in values]
-            if missing:
-                raise InputError(f"{source}: line {number}: MUL_MAT_ID case lacks '{missing[0]}' ({match['params']})")
+            cases.append(mul_mat_id_case(match["params"], backend_name, device, int(match["runs"]), float(match["us"]), where))
+        elif match := _SQL.match(line):
+            columns = [c.strip() for c in match["columns"].split(",")]
+            row = dict(zip(columns, _sql_values(match["values"]), strict=False))
+            if row.get("op_name") != "MUL_MAT_ID" or row.get("supported") in ("0", "false") or not row.get("time_us"):
+                continue
             try:
-                numbers = {p: int(values[p]) for p in ("n_mats", "n_used", "b", "m", "n", "k")}
+                runs, time_us = int(float(row.get("n_runs", "0"))), float(row["time_us"])
             except ValueError:
-                raise InputError(f"{source}: line {number}: MUL_MAT_ID case has a non-integer size ({match['params']})") from None
-            cases.append(
-                MulMatIdCase(
-                    backend_name=backend_name,
-                    device=device,
-                    type_a=values["type_a"],
-                    n_mats=numbers["n_mats"],
-                    n_used=numbers["n_used"],
-                    broadcast_input=bool(numbers["b"]),
-                    m=numbers["m"],
-                    n=numbers["n"],
-                    k=numbers["k"],
-                    runs=int(match["runs"]),
-                    time_us=float(match["us"]),
-                    params=match["params"],
-                )
-            )
+                raise InputError(f"{where}: field 'time_us' is {row['time_us']!r}, expected a number") from None
+            name = row.get("backend_name", "")
+            cases.append(mul_mat_id_case(row.get("op_params", ""), name, row.get("device_description") or name, runs, time_us, where))
     return cases
 
 
 def backend_of(backend_name: str) -> str:
     """moesim's backend for a ggml backend name (CUDA0 -> cuda, Metal/MTL0 -> metal, CPU -> cpu)."""
     name = backend_name.lower()
-    for prefix, backend in (("cuda", "cuda"), ("metal", "metal"), ("mtl", "metal"), ("cpu", "cpu")):
+    for prefix, backend in (("cuda", "cuda"), ("metal", "metal"), ("mtl", "metal"), ("cpu", "cpu"), ("vulkan", "vulkan")):
         if name.startswith(prefix):
             return backend
     raise InputError(f"cannot tell the backend of '{backend_name}' (pass --backend {'|'.join(LLAMACPP_BACKENDS)})")

@@ -13,16 +13,22 @@ runner lets the user override the per-slot cut-off:
 - Metal (`ggml_metal_op_mul_mat_id`): below `ne21_mm_id_min` = 32 tokens `kernel_mul_mv_id`, one
   matrix-vector product per token slot (per-slot); from 32 tokens `kernel_mul_mm_id` over an
   expert → token map (deduplicating).
+- Vulkan (`ggml_vk_mul_mat_id`, since llama.cpp PR #18918, 2026-01-21): up to 8 tokens the
+  mat-vec-id shader, one dispatch per token over its slots (per-slot); above, `matmul_id` over
+  experts (deduplicating).
+
+The engine profiles' dispatch (`moesim.hw_profiles.engines`) has these rules per build and weight
+format, with their sources; these defaults are its current builds for a quantized type.
 """
 
 from __future__ import annotations
 
 from moesim.errors import InputError
 
-LLAMACPP_BACKENDS = ("cpu", "cuda", "metal")
+LLAMACPP_BACKENDS = ("cpu", "cuda", "metal", "vulkan")
 
 # Largest pass size the backend runs with a per-slot kernel (0: never).
-DEFAULT_PER_SLOT_MAX_TOKENS = {"cpu": 0, "cuda": 8, "metal": 31}
+DEFAULT_PER_SLOT_MAX_TOKENS = {"cpu": 0, "cuda": 8, "metal": 31, "vulkan": 8}
 
 
 def llamacpp_family(backend: str, n_tokens: int, per_slot_max_tokens: int | None = None) -> str:

@@ -81,7 +81,7 @@ def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_bat
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     offsets, starts, lengths = batch_windows(lanes, n, max_batches)
     union = union_features_many(trace.experts, offsets, starts, lengths, trace.meta.geometry.experts)
-    cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_tokens))
+    cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_tokens), float(batch))
     return float(cost.total_us().mean()), float(union.distinct_experts.mean()), float(cost.extrapolation.max()), lanes.describe()
 
 

@@ -129,17 +129,26 @@ class StepTimeModel:
         """The profile's dense family for one kernel's bytes and FLOPs (drafters run through it)."""
         return float(self.profile.dense.time_us(bytes_read, flops))
 
-    def dense_parts_us(self, total_tokens: np.ndarray, context_tokens: np.ndarray | float) -> dict[str, np.ndarray]:
+    def dense_parts_us(
+        self, total_tokens: np.ndarray, context_tokens: np.ndarray | float, sequences: np.ndarray | float = 1.0
+    ) -> dict[str, np.ndarray]:
         """The dense family's time by what it rests on: kernel launches (`launch_us`), non-expert
         weights read once per pass plus every request's KV (`bandwidth_gbps`), 2·params FLOPs per
-        token (`tflops`)."""
+        token (`tflops`), and where the profile prices them, attention's FLOPs: each of a
+        sequence's tokens against the sequence's context, (tokens / sequences) · context summed
+        over sequences (`attention_tflops`)."""
         weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
         dense = self.profile.dense
-        return {
+        parts = {
             "launch_us": dense.time_us(0.0, 0.0, kernels),
             "bandwidth_gbps": dense.time_us(weight_bytes + kv_bytes_per_token * np.asarray(context_tokens, np.float64), 0.0, 0.0),
             "tflops": dense.time_us(0.0, 2.0 * params * np.asarray(total_tokens, np.float64), 0.0),
         }
+        if np.isfinite(dense.attention_tflops):
+            per_sequence = np.asarray(total_tokens, np.float64) / np.asarray(sequences, np.float64)
+            flops = self.preset.attention_flops_per_context_token() * per_sequence * np.asarray(context_tokens, np.float64)
+            parts["attention_tflops"] = dense.attention_us(flops)
+        return parts
 
     @cached_property
     def _dense_inputs(self) -> tuple[float, float, float, int]:
@@ -156,9 +165,9 @@ class StepTimeModel:
         """Dense-family time of one pass: launches + weights and KV / bandwidth + FLOPs / rate."""
         return sum(self.dense_parts_us(total_tokens, context_tokens).values())  # type: ignore[return-value]
 
-    def pass_cost(self, features: RoutingFeatures, context_tokens: np.ndarray | float = 0.0) -> PassCost:
+    def pass_cost(self, features: RoutingFeatures, context_tokens: np.ndarray | float = 0.0, sequences: float = 1.0) -> PassCost:
         """Pass times for features shaped (..., MoE layers): one union of windows per pass, e.g. a
-        batch's verify pass; `context_tokens` is the KV length summed over the pass's requests."""
+        batch's verify pass; `context_tokens` is the KV length summed over the pass's `sequences`."""
         n_layers = len(self.preset.moe_layers)
         if features.shape[-1] != n_layers:
             raise InputError(f"features cover {features.shape[-1]} MoE layers, model '{self.preset.name}' has {n_layers}")
@@ -168,9 +177,9 @@ class StepTimeModel:
             family = self.profile.expert_family(name)
             expert_us[name] = family.time_us(features, shape).sum(axis=-1)
             extrapolation[name] = family.extrapolation_factor(features, shape).max(axis=-1)
-        return self.assemble(expert_us, extrapolation, features.n_tokens[..., 0], context_tokens)
+        return self.assemble(expert_us, extrapolation, features.n_tokens[..., 0], context_tokens, sequences)
 
-    def pass_time_us(self, features: RoutingFeatures, context_tokens: float) -> float:
+    def pass_time_us(self, features: RoutingFeatures, context_tokens: float, sequences: float = 1.0) -> float:
         """The nominal time of one pass (features shaped (MoE layers,), integer counts as the union
         counters give them): the simulator's per-iteration call, without intervals, extrapolation
         factors or provenance. Layer times are looked up in tables of every (U, M) for the pass's
@@ -181,8 +190,11 @@ class StepTimeModel:
         names = (str(self.dispatched(n_tokens)),) if self.engine == DISPATCH else self.families
         expert = min(float(self.layer_time_table(name, n_tokens)[distinct, most].sum()) for name in names)
         weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
-        dense = self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * n_tokens, kernels)
-        return expert + float(dense) + self.profile.pass_fixed_us
+        dense = float(self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * n_tokens, kernels))
+        if np.isfinite(self.profile.dense.attention_tflops):
+            flops = self.preset.attention_flops_per_context_token() * n_tokens / sequences * context_tokens
+            dense += float(self.profile.dense.attention_us(flops))
+        return expert + dense + self.profile.pass_fixed_us
 
     def layer_time_table(self, family: str, n_tokens: int) -> np.ndarray:
         """time_us of one MoE layer for every distinct-expert count U = 0..E and max tokens per
@@ -204,7 +216,9 @@ class StepTimeModel:
     def _time_tables(self) -> dict[tuple[str, int], np.ndarray]:
         return {}
 
-    def expected_pass_cost(self, distributions: list[tuple[RoutingFeatures, np.ndarray]], context_tokens: float = 0.0) -> PassCost:
+    def expected_pass_cost(
+        self, distributions: list[tuple[RoutingFeatures, np.ndarray]], context_tokens: float = 0.0, sequences: float = 1.0
+    ) -> PassCost:
         """Expected pass times over windows, one per pass size: `distributions[i]` lists every
         per-layer feature value of pass size i with its probability (pooled over MoE layers, so
         the expected expert time is layers · Σ p·time_us)."""
@@ -216,7 +230,7 @@ class StepTimeModel:
             expert_us[name] = np.array([n_layers * float(p @ family.time_us(f, shape)) for f, p in distributions])
             extrapolation[name] = np.array([float(family.extrapolation_factor(f, shape)[p > 0].max(initial=1.0)) for f, p in distributions])
         tokens = np.array([float(f.n_tokens.flat[0]) for f, _ in distributions])
-        return self.assemble(expert_us, extrapolation, tokens, context_tokens)
+        return self.assemble(expert_us, extrapolation, tokens, context_tokens, sequences)
 
     def assemble(
         self,
@@ -224,6 +238,7 @@ class StepTimeModel:
         extrapolation: dict[str, np.ndarray],
         total_tokens: np.ndarray,
         context_tokens: np.ndarray | float,
+        sequences: float = 1.0,
     ) -> PassCost:
         """Choose the family (the engine's, the dispatched one, or the cheapest for `best`), add dense and fixed time."""
         per_family = np.stack([expert_us[name] for name in self.families])
@@ -234,7 +249,7 @@ class StepTimeModel:
         else:
             choice = np.argmin(per_family, axis=0)
         expert = np.take_along_axis(per_family, choice[None], axis=0)[0]
-        dense_parts = self.dense_parts_us(total_tokens, np.broadcast_to(context_tokens, np.shape(total_tokens)))
+        dense_parts = self.dense_parts_us(total_tokens, np.broadcast_to(context_tokens, np.shape(total_tokens)), sequences)
         dense = sum(dense_parts.values())
         factor = np.ones(expert.shape)
         epsilon = 0.0

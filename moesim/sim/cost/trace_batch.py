@@ -58,7 +58,7 @@ class TraceBatchCost:
         """One pass of the whole batch; remembers the mean distinct experts per layer of the union."""
         features = self.features(seqs, starts, n_tokens)
         self.last_distinct_experts = float(np.mean(features.distinct_experts))
-        return self.model.pass_time_us(features, float(np.sum(context_tokens)))
+        return self.model.pass_time_us(features, float(np.sum(context_tokens)), float(np.size(context_tokens)))
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The drafter's steps for the batch, at the batch's mean context."""

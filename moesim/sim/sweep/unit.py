@@ -167,7 +167,7 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
         models = {e: StepTimeModel(preset, profile, e, weight_format) for e in engines}
         for context in grid.context:
             keys = {"model": unit.model, "profile": profile_name, "routing": routing.name, "batch": unit.batch, "context_tokens": context}
-            costs = {e: m.expected_pass_cost(distributions, float(unit.batch * context)) for e, m in models.items()}
+            costs = {e: m.expected_pass_cost(distributions, float(unit.batch * context), float(unit.batch)) for e, m in models.items()}
             frames.append(_conform(_pass_rows(costs, profile.dedup_families, share, distinct, grid.max_pass), keys))
             for spec in grid.drafters:
                 scenario = Scenario(models[BEST], trace, make_drafter(spec, preset), context)

@@ -1,0 +1,381 @@
+"""An engine profile fitted on whole passes and kernel timings (`whole_pass`), judged on rows it never saw.
+
+Coefficients (all >= 0; µs per column unit): the fixed time per pass; per kernel family its bytes
+(1 / bandwidth), compute (1 / FLOP rate, and for a tiled kernel the rate of its whole tiles),
+fixed time per layer, and where its reads say so a cost per distinct expert (a launch per used
+expert) or per slot (a dispatch per token); the dense work's compute. Fixed times are fitted per
+build era of the rows (`<name>@<era>`: launch and synchronisation overheads change from build to
+build, rates much less); a profile takes the era it describes, or the nearest era with data. Two ties are physics, not fitting: the non-expert weights and the KV cache stream
+at the bandwidth of the engine's mat-vec family (its per-slot kernel, or the most used one), and
+attention's FLOPs run at the dense FLOP rate. The fit is NNLS on relative residuals with a Huber
+weight (`family_fit.solve_relative`). Before it, every column is checked for whether the rows
+separate it from the columns before it (residual of the relative, unit-norm column after
+projecting on them below `SEPARABLE`): the dense compute, if not, is tied to the most used
+deduplicating family's compute; any other such column is left out, and the notes say it stays
+in the terms it cannot be told from (e.g. a family's fixed time per layer and the fixed time per
+pass, for one model: the data give only their sum).
+
+Held-out error: leave one model out when the rows hold two or more, else leave one pass size out
+(a user's single-model run); each split repeats the whole procedure on its training rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moesim.errors import InputError
+from moesim.hw_profiles.dispatch import Dispatch
+from moesim.hw_profiles.engines import Engine
+from moesim.hw_profiles.families import CalibratedRange, DenseFamily, ExpertFamily, ExpertInputs, Roofline
+from moesim.hw_profiles.fitting.family_fit import solve_relative
+from moesim.hw_profiles.fitting.whole_pass import EXPERT_TERMS, PassRow, expert_columns, predict_us, uniform_features
+from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
+from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
+from moesim.hw_profiles.provenance import Provenance
+
+SEPARABLE = 1e-3
+NO_SPLIT_BOUND = 0.10
+PASS_FIXED, DENSE_COMPUTE = "pass.fixed", "dense.compute"
+
+
+@dataclass(frozen=True)
+class Design:
+    """Columns of the rows (one per coefficient), what was tied or left out, and why."""
+
+    names: tuple[str, ...]
+    matrix: np.ndarray
+    notes: tuple[str, ...]
+    stream_family: str
+    ties: dict[str, str]
+    eras: tuple[str, ...]
+
+
+def _main_families(rows: list[PassRow]) -> list[str]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        family = row.family_at(row.n_tokens)
+        counts[family] = counts.get(family, 0) + 1
+    return sorted(counts, key=lambda f: (-counts[f], f))
+
+
+def build_design(rows: list[PassRow], engine: Engine) -> Design:
+    """The design of the rows: candidate columns in priority order, ties, separability."""
+    structures = {k.family: k.structure for k in engine.kernels}
+    experts = [expert_columns(row, structures) for row in rows]
+    dense = np.array([row.dense_work() for row in rows])
+    families = _main_families(rows)
+    used = sorted(
+        {name.split(".")[0] for cols in experts for name in cols},
+        key=lambda f: (f not in families, families.index(f) if f in families else 0, f),
+    )
+    stream = "per_slot" if "per_slot" in used else used[0]
+    dedups = [f for f in used if f != stream] or [stream]
+    eras = sorted({r.era for r in rows})
+    candidates: list[tuple[str, np.ndarray]] = [
+        (f"{PASS_FIXED}@{era}", np.array([1.0 if r.scope == "pass" and r.era == era else 0.0 for r in rows])) for era in eras
+    ]
+    for term in EXPERT_TERMS:
+        for family in used:
+            kernel = engine.kernel(family)
+            per_slot_kernel = kernel.tokens_per_read == 1
+            skip = {
+                "compute": per_slot_kernel,  # a mat-vec kernel is bandwidth-bound: its FLOPs ride on its reads
+                "tile": not kernel.tile_tokens,
+                "per_expert": not kernel.per_expert,
+                "per_slot": not per_slot_kernel,
+            }
+            if skip.get(term, False):
+                continue
+            for name in [f"{family}.{term}@{era}" for era in eras] if term == "fixed" else [f"{family}.{term}"]:
+                column = np.array([cols.get(name, 0.0) for cols in experts])
+                if term == "bytes" and family == stream:
+                    column = column + dense[:, 0]
+                candidates.append((name, column))
+    for family in used:
+        formats = sorted({r.shape.weight_format for r, cols in zip(rows, experts, strict=True) if cols.get(f"{family}.bytes")})
+        if len(formats) >= 2:
+            candidates += [(f"{family}.bytes[{fmt}]", np.array([c.get(f"{family}.bytes[{fmt}]", 0.0) for c in experts])) for fmt in formats]
+    candidates.append((DENSE_COMPUTE, dense[:, 1] + dense[:, 2]))
+    measured = np.array([r.time_us for r in rows])
+    chosen: list[tuple[str, np.ndarray]] = []
+    basis: list[np.ndarray] = []
+    notes, ties = [], {}
+    for name, column in candidates:
+        if not np.any(column):
+            continue
+        relative = column / measured
+        residual = relative / np.linalg.norm(relative)
+        for q in basis:
+            residual = residual - q * float(q @ residual)
+        if np.linalg.norm(residual) >= SEPARABLE:
+            chosen.append((name, column))
+            basis.append(residual / np.linalg.norm(residual))
+            continue
+        partner = f"{dedups[0]}.compute" if name == DENSE_COMPUTE else ""
+        names = [n for n, _ in chosen]
+        if partner in names:
+            index = names.index(partner)
+            chosen[index] = (partner, chosen[index][1] + column)
+            ties[DENSE_COMPUTE] = partner
+            notes.append(f"the rows do not separate the dense FLOP rate from {partner}: one rate for both")
+        else:
+            notes.append(f"the rows do not separate {name} from the terms before it ({', '.join(names)}): it stays in them")
+    names = tuple(n for n, _ in chosen)
+    return Design(names, np.column_stack([c for _, c in chosen]), tuple(notes), stream, ties, tuple(eras))
+
+
+def _rate(coefficient: float, unit: float) -> float:
+    return math.inf if coefficient <= 0 else 1.0 / (coefficient * unit)
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Fitted coefficients by name (µs per unit), and the design they belong to."""
+
+    design: Design
+    values: dict[str, float]
+
+    def get(self, name: str, era: str = "") -> float:
+        """A coefficient, through its tie; 0 for a term that was left out. A fixed time is the era's
+        (0 where the era's rows did not separate it: it is in the era's other terms); for an era
+        without rows, the latest era before it, else the earliest after it."""
+        name = self.design.ties.get(name, name)
+        fitted = sorted(key.split("@", 1)[1] for key in self.values if key.startswith(f"{name}@"))
+        if era in self.design.eras:
+            return self.values.get(f"{name}@{era}", 0.0)
+        if fitted:
+            before = [e for e in fitted if e <= era]
+            name = f"{name}@{before[-1] if before else fitted[0]}"
+        return self.values.get(name, 0.0)
+
+
+def fit_coefficients(rows: list[PassRow], engine: Engine, roofline: Roofline) -> Coefficients:
+    """Separable design, then NNLS on relative residuals with every bytes coefficient at least
+    1 / peak bandwidth (no family streams faster than the device's memory)."""
+    design = build_design(rows, engine)
+    floor = np.array([1.0 / (roofline.peak_bandwidth_gbps * 1e3) if name.endswith(".bytes") else 0.0 for name in design.names])
+    theta = solve_relative(design.matrix, np.array([r.time_us for r in rows]), offset_us=design.matrix @ floor) + floor
+    return Coefficients(design, dict(zip(design.names, (float(t) for t in theta), strict=True)))
+
+
+@dataclass(frozen=True)
+class ProfileFrame:
+    """What a fitted profile is besides its coefficients: name, device, roofline, sources."""
+
+    name: str
+    description: str
+    device: DeviceFacts
+    roofline: Roofline
+    dispatch: Dispatch
+    sources: dict[str, Provenance]
+    section_sources: dict[str, str]
+    calibration: str
+    dense_fallback: DenseFamily
+    era: str = ""
+    notes: tuple[str, ...] = ()
+    partial: bool = False
+    status: str = "published-calibrated"
+
+
+def single_token_order(families: dict[str, ExpertFamily], rows: list[PassRow]) -> tuple[dict[str, ExpertFamily], list[str]]:
+    """Physics: at one token a deduplicating kernel reads what the per-slot kernel reads (U = S), so
+    it is not faster, unless a row timed it there. Where the fitted terms say otherwise (an
+    extrapolation below the calibrated sizes), its fixed time is raised to tie at one token on
+    every calibration shape."""
+    if "per_slot" not in families:
+        return families, []
+    timed_at_one = {r.family_at(1) for r in rows if r.n_tokens == 1}
+    shapes = {(r.shape, r.experts, r.top_k) for r in rows}
+    per_slot, out, notes = families["per_slot"], dict(families), []
+    for name, family in families.items():
+        if name == "per_slot" or name in timed_at_one:
+            continue
+        deficit = max(
+            float(per_slot.time_us(uniform_features(1, e, k), shape)) - float(family.time_us(uniform_features(1, e, k), shape))
+            for shape, e, k in shapes
+        )
+        if deficit > 0:
+            out[name] = dataclasses.replace(family, fixed_us=family.fixed_us + deficit)
+            notes.append(f"{name}: fixed time raised by {deficit:.1f} µs so that it is not faster than per_slot at one token")
+    return out, notes
+
+
+def _range(rows: list[PassRow]) -> CalibratedRange:
+    inputs = [ExpertInputs.of(uniform_features(r.n_tokens, r.experts, r.top_k), r.shape) for r in rows]
+    bounds = {}
+    for name in ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert", "expert_bytes", "hidden", "intermediate"):
+        values = [float(x.field(name)) for x in inputs]
+        bounds[name] = (min(values), max(values))
+    return CalibratedRange(bounds)
+
+
+def profile_of(
+    rows: list[PassRow], engine: Engine, fitted: Coefficients, frame: ProfileFrame, errors: dict[str, HeldoutError]
+) -> HardwareProfile:
+    """The engine profile of fitted coefficients: one family per kernel that ran in the rows; the
+    dispatch keeps the rules whose family was calibrated."""
+    provenance = frame.sources[frame.calibration]
+    families: dict[str, ExpertFamily] = {}
+    section_sources = dict(frame.section_sources)
+    for kernel in engine.kernels:
+        ran = [r for r in rows if r.family_at(r.n_tokens) == kernel.family]
+        if not ran:
+            continue
+        f = kernel.family
+        base = fitted.get(f"{f}.bytes")
+        bandwidth = _rate(base, 1e3)
+        formats = {key.split("[")[1][:-1]: value for key, value in fitted.values.items() if key.startswith(f"{f}.bytes[") and value > 0}
+        families[f] = ExpertFamily(
+            name=f,
+            structure=kernel.structure,
+            fixed_us=fitted.get(f"{f}.fixed", frame.era),
+            hbm_bandwidth_gbps=bandwidth,
+            cache_bandwidth_gbps=bandwidth,
+            cache_bytes=0.0,
+            compute_tflops=(_rate(fitted.get(f"{f}.compute"), 1e6),),
+            serial_ns=(0.0,),
+            per_expert_us=fitted.get(f"{f}.per_expert"),
+            per_slot_us=fitted.get(f"{f}.per_slot"),
+            calibrated_range=_range(ran),
+            heldout_error=errors.get(f, HeldoutError()),
+            provenance=provenance,
+            roofline=frame.roofline,
+            note=kernel.description,
+            tile_tflops=_rate(fitted.get(f"{f}.tile"), 1e6),
+            format_bandwidth_gbps={fmt: _rate(base + extra, 1e3) for fmt, extra in sorted(formats.items())},
+        )
+        section_sources[f"families.{f}"] = frame.calibration
+    rules = tuple(rule for rule in frame.dispatch.rules if rule.family in families)
+    dropped = sorted({rule.family for rule in frame.dispatch.rules} - set(families))
+    notes = list(frame.notes) + list(fitted.design.notes)
+    if dropped:
+        notes.append(f"not calibrated on this device, left out of the dispatch: {', '.join(dropped)}")
+    families, ordered = single_token_order(families, rows)
+    notes += ordered
+    has_passes = any(r.scope == "pass" for r in rows)
+    dense = frame.dense_fallback
+    if has_passes:
+        stream = fitted.design.stream_family
+        rate = _rate(fitted.get(DENSE_COMPUTE), 1e6)
+        dense = DenseFamily(
+            bandwidth_gbps=_rate(fitted.get(f"{stream}.bytes"), 1e3),
+            tflops=rate,
+            launch_us=0.0,
+            provenance=provenance,
+            heldout_error=errors.get("dense", HeldoutError()),
+            note=f"non-expert weights and KV stream at the {stream} family's bandwidth; attention FLOPs at the dense rate",
+            attention_tflops=rate,
+        )
+        section_sources["families.dense"] = frame.calibration
+        section_sources["pass"] = frame.calibration
+    return HardwareProfile(
+        name=frame.name,
+        description=frame.description,
+        status=frame.status,
+        device=frame.device,
+        roofline=frame.roofline,
+        pass_fixed_us=fitted.get(PASS_FIXED, frame.era) if has_passes else 0.0,
+        expert_families=families,
+        dense=dense,
+        sources=frame.sources,
+        field_sources={},
+        notes=tuple(notes),
+        section_sources=section_sources,
+        dispatch=Dispatch(rules, frame.dispatch.source),
+        partial=frame.partial,
+    )
+
+
+@dataclass
+class EngineFit:
+    """The fitted profile, its coefficients, and the rows' in-sample and held-out predictions."""
+
+    profile: HardwareProfile
+    coefficients: Coefficients
+    rows: list[PassRow]
+    in_sample_us: np.ndarray
+    heldout_us: np.ndarray
+    split: str
+    group_errors: dict[str, ErrorStats] = field(default_factory=dict)
+
+    def families_of_rows(self) -> list[str]:
+        """The family each row's main layers ran."""
+        return [r.family_at(r.n_tokens) for r in self.rows]
+
+
+def _groups(rows: list[PassRow]) -> tuple[str, np.ndarray | None]:
+    models = np.array([r.model for r in rows])
+    if len(set(models)) >= 2:
+        return "leave_one_shape_out", models
+    sizes = np.array([str(r.n_tokens) for r in rows])
+    return ("leave_one_size_out", sizes) if len(set(sizes)) >= 3 else ("", None)
+
+
+def predict_rows(rows: list[PassRow], train: list[PassRow], engine: Engine, fitted: Coefficients, frame: ProfileFrame) -> np.ndarray:
+    """Each row predicted by the fitted profile of its build era (NaN where a family it needs never
+    ran in the training rows)."""
+    profiles: dict[str, HardwareProfile] = {}
+    predicted = np.full(len(rows), np.nan)
+    for i, row in enumerate(rows):
+        if row.era not in profiles:
+            profiles[row.era] = profile_of(train, engine, fitted, dataclasses.replace(frame, era=row.era), {})
+        profile = profiles[row.era]
+        if all(row.family_at(n) in profile.expert_families for n, _ in row.layer_runs()):
+            predicted[i] = predict_us(row, profile)
+    return predicted
+
+
+def _heldout_predictions(rows: list[PassRow], engine: Engine, frame: ProfileFrame, groups: np.ndarray) -> np.ndarray:
+    """Each group's rows predicted by a profile fitted without them."""
+    predicted = np.full(len(rows), np.nan)
+    for group in dict.fromkeys(groups.tolist()):
+        held = groups == group
+        train = [r for r, h in zip(rows, held, strict=True) if not h]
+        try:
+            fitted = fit_coefficients(train, engine, frame.roofline)
+        except InputError:
+            continue
+        predicted[held] = predict_rows([r for r, h in zip(rows, held, strict=True) if h], train, engine, fitted, frame)
+    return predicted
+
+
+def _errors(rows: list[PassRow], predicted: np.ndarray, keep: np.ndarray) -> ErrorStats | None:
+    measured = np.array([r.time_us for r in rows])
+    mask = keep & np.isfinite(predicted)
+    return ErrorStats.from_errors(relative_errors(predicted[mask], measured[mask])) if mask.any() else None
+
+
+def fit_engine(rows: list[PassRow], engine: Engine, frame: ProfileFrame) -> EngineFit:
+    """Fit, judge on held-out rows, and build the profile with each family's errors."""
+    if not rows:
+        raise InputError(f"{frame.name}: no rows to fit")
+    fitted = fit_coefficients(rows, engine, frame.roofline)
+    in_sample = predict_rows(rows, rows, engine, fitted, frame)
+    split, groups = _groups(rows)
+    heldout = _heldout_predictions(rows, engine, frame, groups) if groups is not None else np.full(len(rows), np.nan)
+    ran = np.array([r.family_at(r.n_tokens) for r in rows])
+    errors: dict[str, HeldoutError] = {}
+    for family in [*dict.fromkeys(ran.tolist()), "dense"]:
+        keep = np.array([r.scope == "pass" for r in rows]) if family == "dense" else ran == family
+        if not keep.any():
+            continue
+        stats = {"in_sample": _errors(rows, in_sample, keep)}
+        if split:
+            stats[split] = _errors(rows, heldout, keep)
+        error = HeldoutError(**stats)  # type: ignore[arg-type]
+        if math.isnan(error.epsilon):
+            p90 = stats["in_sample"].p90 if stats["in_sample"] else 0.0
+            error = error.with_transfer(max(NO_SPLIT_BOUND, p90), "no held-out split: the in-sample p90 as the bound, at least 10 %")
+        errors[family] = error
+    profile = profile_of(rows, engine, fitted, frame, errors)
+    group_errors = {}
+    if groups is not None:
+        for group in dict.fromkeys(groups.tolist()):
+            stats = _errors(rows, heldout, groups == group)
+            if stats is not None:
+                group_errors[group] = stats
+    return EngineFit(profile, fitted, rows, in_sample, heldout, split, group_errors)

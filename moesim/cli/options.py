@@ -39,7 +39,10 @@ GROUPS = ("trace", "profile", "microbench")
 
 
 def rename_old_spellings(argv: list[str]) -> list[str]:
-    """argv with renamed options in their new spelling, a deprecation note on stderr for each."""
+    """argv with renamed options in their new spelling, a deprecation note on stderr for each (and
+    for a profile named by the name it had before it became an engine profile)."""
+    from moesim.hw_profiles.builtin import RENAMED_PROFILES
+
     path = tuple(argv[:2]) if argv and argv[0] in GROUPS else tuple(argv[:1])
     renamed = RENAMED.get(path, {})
     out = []
@@ -48,6 +51,8 @@ def rename_old_spellings(argv: list[str]) -> list[str]:
         if name in renamed:
             line(f"moesim: note: {name} is deprecated, use {renamed[name]} (the old spelling goes in the next release)")
             arg = renamed[name] + eq + value
+        elif arg in RENAMED_PROFILES:
+            line(f"moesim: note: profile {arg} is now {RENAMED_PROFILES[arg]}, an engine profile (the old name goes in the next release)")
         out.append(arg)
     return out
 

@@ -53,8 +53,12 @@ def profile_list(as_json: Annotated[bool, typer.Option("--json", help="Print a J
     if as_json:
         print_json(entries)
         return
-    caption = "calibrated = fitted from measurements; datasheet-scaled = the calibrated H200 scaled (uncertain)"
-    render_table(pl.DataFrame(entries).with_columns(pl.col("families").list.join(" ")), title="Built-in hardware profiles", caption=caption)
+    caption = (
+        "calibrated = fitted from the H200 lab measurements; published-calibrated = an engine fitted on the shared public tables "
+        "(partial: few rows); datasheet-scaled = a calibration of the same engine scaled to the device (uncertain)"
+    )
+    frame = pl.DataFrame(entries).drop("engine_version").with_columns(pl.col("families").list.join(" "))
+    render_table(frame, title="Built-in hardware profiles", caption=caption)
 
 
 @app.command("show")
@@ -62,6 +66,7 @@ def profile_show(
     profile: Annotated[str, typer.Argument(help="Built-in profile name or profile TOML path.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     model: Annotated[str, typer.Option(help="Model preset whose expert shape and routing r(n) uses.")] = "deepseek-v2-lite",
+    weight_format: Annotated[str | None, typer.Option("--format", help="Weight format of the experts (default: the preset's).")] = None,
 ) -> None:
     """Show a profile: device, roofline, families with fit errors, sources, and r(n) for uniform routing."""
     from moesim.hw_profiles import load_profile
@@ -71,7 +76,8 @@ def profile_show(
 
     loaded = load_profile(profile)
     preset = load_preset(model)
-    comparison = dedup_comparison(loaded, preset.expert_shape(), preset.experts, preset.top_k)
+    shape = preset.expert_shape(weight_format)
+    comparison = dedup_comparison(loaded, shape, preset.experts, preset.top_k)
     description = describe_profile(loaded)
     if as_json:
         print_json({**description, "r_of_n": {"model": preset.name, "routing": "uniform", "rows": comparison.to_dicts()}})
@@ -80,10 +86,12 @@ def profile_show(
     console.print(description["device_line"], markup=False)
     caption = "errors in %: shape_out / routing_out = held-out median (p90); epsilon = default relative bound"
     render_table(pl.DataFrame(description["family_rows"]), title="Families", caption=caption)
+    if description["dispatch"]:
+        render_table(pl.DataFrame(description["dispatch"]), title="Dispatch (first rule that holds)", caption="n = tokens per pass")
     render_table(pl.DataFrame(description["source_rows"]), title="Sources")
     for note in loaded.all_notes():
         console.print(f"note: {note}", markup=False)
-    title = f"Per-slot vs dedup, {preset.name} experts ({preset.expert_shape().weight_format}), uniform routing"
+    title = f"Per-slot vs dedup, {preset.name} experts ({shape.weight_format}), uniform routing"
     caption = "r = BW_dedup / BW_per_slot = u·T_per_slot / T_dedup; dedup is faster where u < r; extrapolated = family x beyond its range"
     render_table(comparison, title=title, caption=caption)
 

@@ -1,8 +1,11 @@
 """Built-in profiles (TOML files in `profiles/`) and `load_profile`.
 
-`nvidia-h200` is fitted from `data/h200/calibration.parquet` by the command in docs/profiles.md;
-every other built-in is that profile scaled to a catalog device (`fitting.derive.profile_for_device`).
-`python -m moesim.hw_profiles.fitting.regenerate` rewrites the scaled files from the shipped H200 profile.
+`nvidia-h200` is the lab calibration: fitted from `data/h200/calibration.parquet` by the command
+in docs/profiles.md (hand-written kernels and torch's grouped GEMM, kernels no serving engine
+runs). Every other built-in is an engine profile (an engine's kernels and dispatch on one device):
+fitted on the shared public table (status `published-calibrated`) or scaled from such a fit of
+the same engine to another device's datasheet (`datasheet-scaled`); `python -m
+moesim.hw_profiles.fitting.regenerate` rewrites them.
 """
 
 from __future__ import annotations
@@ -12,11 +15,24 @@ from importlib import resources
 from pathlib import Path
 
 from moesim.errors import InputError
-from moesim.hw_profiles.catalog import catalog
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.hw_profiles.schema import read_profile
 
 CALIBRATED = "nvidia-h200"
+# The datasheet-scaled copies of the lab calibration these names held until this release, and the
+# engine profiles that replace them (the old names still load, for one release).
+RENAMED_PROFILES = {
+    "nvidia-h100-sxm": "nvidia-h100-sxm-vllm",
+    "nvidia-h800-sxm": "nvidia-h800-sxm-vllm",
+    "nvidia-a100-80gb": "nvidia-a100-80gb-vllm",
+    "nvidia-a800-80gb": "nvidia-a800-80gb-vllm",
+    "nvidia-l40s": "nvidia-l40s-vllm",
+    "nvidia-rtx-6000-ada": "nvidia-rtx-6000-ada-vllm",
+    "nvidia-rtx-4090": "nvidia-rtx-4090-llamacpp",
+    "apple-m2-ultra": "apple-m2-ultra-metal",
+    "apple-m3-max": "apple-m3-max-metal",
+    "apple-m4-max": "apple-m4-max-metal",
+}
 
 
 def profiles_dir() -> Path:
@@ -25,13 +41,14 @@ def profiles_dir() -> Path:
 
 
 def builtin_names() -> list[str]:
-    """Names of the built-in profiles: the calibrated H200 first, then the catalog's order."""
-    return [CALIBRATED, *(key for key in catalog() if key != CALIBRATED)]
+    """Names of the built-in profiles: the lab calibration first, then the engine profiles."""
+    return [CALIBRATED, *sorted(path.stem for path in profiles_dir().glob("*.toml") if path.stem != CALIBRATED)]
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
-    """A built-in profile by name, or a profile TOML file by path."""
-    text = str(name_or_path)
+    """A built-in profile by name (or by the name it had before it became an engine profile), or a
+    profile TOML file by path."""
+    text = RENAMED_PROFILES.get(str(name_or_path), str(name_or_path))
     if text in builtin_names():
         return read_profile(profiles_dir() / f"{text}.toml")
     path = Path(text)

@@ -99,6 +99,8 @@ def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
         "pass_fixed_us": profile.pass_fixed_us,
         "families": families,
         "family_rows": [*(_family_row(f) for f in profile.expert_families.values()), dense_row],
+        "partial": profile.partial,
+        "dispatch": dispatch_rows(profile),
         "sources": {key: dataclasses.asdict(source) for key, source in profile.sources.items()},
         "source_rows": [{"id": key, "kind": source.kind, "backs": source.label()} for key, source in profile.sources.items()],
         "notes": list(profile.all_notes()),
@@ -106,7 +108,8 @@ def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
 
 
 def builtin_entries() -> list[dict[str, Any]]:
-    """One entry per built-in profile: name, device, backend, status, peak bandwidth, families."""
+    """One entry per built-in profile: name, device, engine and its version, status, whether the
+    calibration is partial, backend, peak bandwidth, families."""
     entries = []
     for profile_name in builtin_names():
         profile = load_profile(profile_name)
@@ -114,10 +117,27 @@ def builtin_entries() -> list[dict[str, Any]]:
             {
                 "name": profile.name,
                 "device": profile.device.name,
-                "backend": profile.device.backend,
+                "engine": profile.device.engine,
+                "engine_version": profile.device.engine_version,
                 "status": profile.status,
+                "partial": profile.partial,
+                "backend": profile.device.backend,
                 "peak_bandwidth_gbps": profile.roofline.peak_bandwidth_gbps,
                 "families": list(profile.families),
             }
         )
     return entries
+
+
+def dispatch_rows(profile: HardwareProfile) -> list[dict[str, Any]]:
+    """The engine's dispatch as table rows (empty for a profile without one)."""
+    if profile.dispatch is None:
+        return []
+    rows = []
+    for rule in profile.dispatch.rules:
+        table = rule.to_table()
+        conditions = ", ".join(f"{key} {value}" for key, value in table.items() if key not in ("family", "formats", "note"))
+        rows.append(
+            {"family": rule.family, "formats": " ".join(rule.formats) or "any", "when": conditions or "otherwise", "note": rule.note}
+        )
+    return rows

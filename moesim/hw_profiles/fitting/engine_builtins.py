@@ -159,8 +159,6 @@ SCALED: tuple[Scaled, ...] = (
     Scaled("apple-m3-max-metal", "apple-m3-max", "apple-m2-ultra-metal"),
     Scaled("apple-m4-max-metal", "apple-m4-max", "apple-m2-ultra-metal"),
 )
-# The datasheet-scaled lab profiles these replace, for one release.
-RENAMED_PROFILES = {scaled.device: scaled.name for scaled in SCALED} | {"apple-m2-ultra": "apple-m2-ultra-metal"}
 
 
 def recipe(name: str) -> Recipe:

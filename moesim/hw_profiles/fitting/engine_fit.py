@@ -103,12 +103,14 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
     measured = np.array([r.time_us for r in rows])
     chosen: list[tuple[str, np.ndarray]] = []
     basis: list[np.ndarray] = []
+    merged: list[str] = []
     notes, ties = [], {}
     for name, column in candidates:
         if not np.any(column):
             continue
         relative = column / measured
-        residual = relative / np.linalg.norm(relative)
+        unit = relative / np.linalg.norm(relative)
+        residual = unit
         for q in basis:
             residual = residual - q * float(q @ residual)
         if np.linalg.norm(residual) >= SEPARABLE:
@@ -123,9 +125,18 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
             ties[DENSE_COMPUTE] = partner
             notes.append(f"the rows do not separate the dense FLOP rate from {partner}: one rate for both")
         else:
-            notes.append(f"the rows do not separate {name} from the terms before it ({', '.join(names)}): it stays in them")
+            merged.append(f"{name} (in {_nearest(unit, chosen, measured)})")
+    if merged:
+        notes.append("terms the rows do not separate from others (what they are absorbed in): " + "; ".join(merged))
     names = tuple(n for n, _ in chosen)
     return Design(names, np.column_stack([c for _, c in chosen]), tuple(notes), stream, ties, tuple(eras))
+
+
+def _nearest(unit: np.ndarray, chosen: list[tuple[str, np.ndarray]], measured: np.ndarray) -> str:
+    """The (at most two) chosen columns that carry most of a dependent column."""
+    columns = np.column_stack([c / measured / np.linalg.norm(c / measured) for _, c in chosen])
+    weights = np.abs(np.linalg.lstsq(columns, unit, rcond=None)[0])
+    return ", ".join(chosen[i][0] for i in np.argsort(-weights)[:2] if weights[i] > 1e-6)
 
 
 def _rate(coefficient: float, unit: float) -> float:

@@ -24,6 +24,16 @@ DrafterOpt = Annotated[str, typer.Option("--drafter", help="ngram, eagle, fixed:
 FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format (default: the trace's).")]
 ContextOpt = Annotated[int, typer.Option("--context-tokens", help="KV tokens per sequence at the pass.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+MaxPassOpt = Annotated[
+    int, typer.Option("--max-pass", help="Largest pass size n (1..4096): every n up to 64, then 96, 128, 192, 256, ... and n itself.")
+]
+SizesOpt = Annotated[str | None, typer.Option("--pass-sizes", help="Pass sizes, comma-separated (1..4096; overrides --max-pass).")]
+
+
+def _sizes(text: str | None) -> list[int] | None:
+    from moesim.sim.analysis.batch import parse_batch_sizes
+
+    return parse_batch_sizes(text, "--pass-sizes") if text else None
 
 
 def _scenario(
@@ -69,7 +79,8 @@ def predict_command(
     trace: TraceOpt,
     profile: ProfileOpt,
     engine: EngineOpt = None,
-    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n (1..64).")] = 16,
+    max_pass: MaxPassOpt = 16,
+    sizes: SizesOpt = None,
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
     context_tokens: ContextOpt = 512,
@@ -78,7 +89,8 @@ def predict_command(
     """Pass time T(n) per pass size, expected over the trace's windows, with intervals from held-out error."""
     from moesim.sim.analysis.predict import predict
 
-    result = predict(_scenario(trace, profile, engine, model, "ngram", weight_format, context_tokens), max_pass)
+    scenario = _scenario(trace, profile, engine, model, "ngram", weight_format, context_tokens)
+    result = predict(scenario, max_pass, _sizes(sizes))
     if emit_json(result, as_json):
         return
     render_table(
@@ -120,8 +132,14 @@ def best_draft_command(
 def crossover_command(
     trace: TraceOpt,
     profile: ProfileOpt,
-    dedup_family: Annotated[str, typer.Option("--dedup-family", help="The deduplicating family compared with per_slot.")] = "dedup",
-    max_pass: Annotated[int, typer.Option("--max-pass", help="Largest pass size n (1..64).")] = 32,
+    dedup_family: Annotated[
+        str | None,
+        typer.Option(
+            "--dedup-family", help="The deduplicating family compared with per_slot (default: dedup, or an engine's mat-mat kernel)."
+        ),
+    ] = None,
+    max_pass: MaxPassOpt = 32,
+    sizes: SizesOpt = None,
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
     as_json: JsonOpt = False,
@@ -129,12 +147,14 @@ def crossover_command(
     """Where deduplicating expert reads wins: u(n), r(n), the crossover and the whole win set."""
     from moesim.sim.analysis.crossover import crossover_analysis
 
-    result = crossover_analysis(_scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0), dedup_family, max_pass)
+    result = crossover_analysis(
+        _scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0), dedup_family, max_pass, _sizes(sizes)
+    )
     if emit_json(result, as_json):
         return
     render_table(
         result.table(),
-        title=f"per_slot vs {dedup_family} expert time per MoE pass, profile {profile}",
+        title=f"per_slot vs {result.dedup_family} expert time per MoE pass, profile {profile}",
         caption="dedup wins at n iff T_dedup(n) < T_per_slot(n), i.e. u(n) < r(n)",
     )
     console.print(

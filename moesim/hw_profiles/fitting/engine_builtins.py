@@ -22,7 +22,7 @@ from moesim.hw_profiles.catalog import DeviceSpec, catalog
 from moesim.hw_profiles.engines import ENGINES
 from moesim.hw_profiles.families import DenseFamily, Roofline
 from moesim.hw_profiles.fitting.engine_fit import EngineFit, ProfileFrame, fit_engine
-from moesim.hw_profiles.fitting.whole_pass import pass_rows
+from moesim.hw_profiles.fitting.whole_pass import PassRow, pass_rows
 from moesim.hw_profiles.heldout import HeldoutError
 from moesim.hw_profiles.importers import ImportOptions, import_table
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
@@ -192,10 +192,9 @@ def device_facts(spec: DeviceSpec, engine: str, engine_version: str) -> DeviceFa
     return DeviceFacts(spec.name, spec.backend, spec.memory_gb, spec.l2_cache_bytes, spec.compute_units, engine, engine_version, "", "")
 
 
-def fit_recipe(item: Recipe, table: Path = PUBLIC_TABLE) -> EngineFit:
-    """Fit one built-in on its rows of the public table."""
+def _recipe_table(item: Recipe, table: Path) -> tuple[pl.DataFrame, list[PassRow]]:
+    """The recipe's rows of the public table, as a measurement table and as the fit's rows."""
     engine = ENGINES.create(item.engine)
-    spec = catalog()[item.device]
     frames, dispatches, builds = [], [], []
     for group in item.groups:
         _, frame = import_table(table, "public-bench", ImportOptions(rows=group.rows))
@@ -205,15 +204,23 @@ def fit_recipe(item: Recipe, table: Path = PUBLIC_TABLE) -> EngineFit:
         dispatches += [engine.dispatch(group.era, item.architecture)] * frame.height
         builds += [group.build] * frame.height
     frame = pl.concat(frames, how="diagonal_relaxed")
-    rows = pass_rows(frame, dispatches, builds)
+    return frame, pass_rows(frame, dispatches, builds)
+
+
+def profile_frame(item: Recipe, table: Path = PUBLIC_TABLE) -> ProfileFrame:
+    """Everything of the recipe's profile but its fitted numbers: device, roofline, dispatch, sources."""
+    engine = ENGINES.create(item.engine)
+    spec = catalog()[item.device]
+    frame, _ = _recipe_table(item, table)
     dense, assumed = _assumed_dense(spec)
     era = engine.eras[-1]
+    builds = "; ".join(g.build for g in item.groups)
     sources = {
         "public-bench": Provenance(
             "calibrated",
-            str(PUBLIC_TABLE),
+            PUBLIC_TABLE.as_posix(),
             file_sha256(table),
-            note=f"{frame.height} published rows of {engine.name} on the {spec.name}; builds {'; '.join(g.build for g in item.groups)}",
+            note=f"{frame.height} published rows of {engine.name} on the {spec.name}; builds {builds}",
             rows=_fitted_rows(frame),
         ),
         "engine-source": Provenance("published", citation=f"{engine.citation}; dispatch of builds since {era.key}: {era.since}"),
@@ -221,7 +228,7 @@ def fit_recipe(item: Recipe, table: Path = PUBLIC_TABLE) -> EngineFit:
         "assumed-dense": assumed,
     }
     builds_text = ", ".join(sorted({g.build for g in item.groups}))
-    frame_ = ProfileFrame(
+    return ProfileFrame(
         name=item.name,
         description=f"{engine.name} on the {spec.name}: fitted on published rows ({builds_text})" + (" (partial)" if item.partial else ""),
         device=device_facts(spec, engine.name, f"dispatch of builds since {era.key} ({era.since}); kernels fitted on builds {builds_text}"),
@@ -235,7 +242,12 @@ def fit_recipe(item: Recipe, table: Path = PUBLIC_TABLE) -> EngineFit:
         notes=item.notes,
         partial=item.partial,
     )
-    fit = fit_engine(rows, engine, frame_)
+
+
+def fit_recipe(item: Recipe, table: Path = PUBLIC_TABLE) -> EngineFit:
+    """Fit one built-in on its rows of the public table."""
+    _, rows = _recipe_table(item, table)
+    fit = fit_engine(rows, ENGINES.create(item.engine), profile_frame(item, table))
     fit.profile = used_sources(fit.profile)
     return fit
 

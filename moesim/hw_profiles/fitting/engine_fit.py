@@ -7,7 +7,9 @@ expert) or per slot (a dispatch per token); the dense work's compute. Fixed time
 build era of the rows (`<name>@<era>`: launch and synchronisation overheads change from build to
 build, rates much less); a profile takes the era it describes, or the nearest era with data. Two ties are physics, not fitting: the non-expert weights and the KV cache stream
 at the bandwidth of the engine's mat-vec family (its per-slot kernel, or the most used one), and
-attention's FLOPs run at the dense FLOP rate. The fit is NNLS on relative residuals with a Huber
+attention's FLOPs run at the dense FLOP rate. One order is physics too: where the engine has a
+per-slot kernel, no other family reads bytes faster than it (each family's bytes coefficient is
+per_slot's plus a non-negative excess): at one token every family reads the same experts. The fit is NNLS on relative residuals with a Huber
 weight (`family_fit.solve_relative`). Before it, every column is checked for whether the rows
 separate it from the columns before it (residual of the relative, unit-norm column after
 projecting on them below `SEPARABLE`): the dense compute, if not, is tied to the most used
@@ -36,6 +38,7 @@ from moesim.hw_profiles.fitting.whole_pass import EXPERT_TERMS, PassRow, expert_
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
+from moesim.models import ExpertShape, builtin_names, load_preset
 
 SEPARABLE = 1e-3
 NO_SPLIT_BOUND = 0.10
@@ -94,6 +97,8 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
                 column = np.array([cols.get(name, 0.0) for cols in experts])
                 if term == "bytes" and family == stream:
                     column = column + dense[:, 0]
+                    if stream == "per_slot":  # every family's bytes coefficient is per_slot's plus its own excess
+                        column = column + sum(np.array([c.get(f"{f}.bytes", 0.0) for c in experts]) for f in used if f != stream)
                 candidates.append((name, column))
     for family in used:
         formats = sorted({r.shape.weight_format for r, cols in zip(rows, experts, strict=True) if cols.get(f"{family}.bytes")})
@@ -150,6 +155,12 @@ class Coefficients:
     design: Design
     values: dict[str, float]
 
+    def bytes(self, family: str) -> float:
+        """µs per byte a family reads at: with a per-slot kernel, its coefficient plus the family's excess."""
+        own = self.get(f"{family}.bytes")
+        stream = self.design.stream_family
+        return own + self.get(f"{stream}.bytes") if stream == "per_slot" and family != stream else own
+
     def get(self, name: str, era: str = "") -> float:
         """A coefficient, through its tie; 0 for a term that was left out. A fixed time is the era's
         (0 where the era's rows did not separate it: it is in the era's other terms); for an era
@@ -168,7 +179,13 @@ def fit_coefficients(rows: list[PassRow], engine: Engine, roofline: Roofline) ->
     """Separable design, then NNLS on relative residuals with every bytes coefficient at least
     1 / peak bandwidth (no family streams faster than the device's memory)."""
     design = build_design(rows, engine)
-    floor = np.array([1.0 / (roofline.peak_bandwidth_gbps * 1e3) if name.endswith(".bytes") else 0.0 for name in design.names])
+    ordered = design.stream_family == "per_slot"
+    floor = np.array(
+        [
+            1.0 / (roofline.peak_bandwidth_gbps * 1e3) if name.endswith(".bytes") and (not ordered or name == "per_slot.bytes") else 0.0
+            for name in design.names
+        ]
+    )
     theta = solve_relative(design.matrix, np.array([r.time_us for r in rows]), offset_us=design.matrix @ floor) + floor
     return Coefficients(design, dict(zip(design.names, (float(t) for t in theta), strict=True)))
 
@@ -192,15 +209,25 @@ class ProfileFrame:
     status: str = "published-calibrated"
 
 
-def single_token_order(families: dict[str, ExpertFamily], rows: list[PassRow]) -> tuple[dict[str, ExpertFamily], list[str]]:
+def single_token_shapes(rows: list[PassRow], dispatch: Dispatch | None) -> set[tuple[ExpertShape, int, int]]:
+    """Where the one-token order is checked: the calibration shapes, and every built-in model's
+    experts in every weight format the engine's dispatch names (BF16 where it names none)."""
+    formats = {fmt for rule in (dispatch.rules if dispatch else ()) for fmt in rule.formats} or {"BF16"}
+    presets = [load_preset(name) for name in builtin_names("moe")]
+    return {(r.shape, r.experts, r.top_k) for r in rows} | {(p.expert_shape(fmt), p.experts, p.top_k) for p in presets for fmt in formats}
+
+
+def single_token_order(
+    families: dict[str, ExpertFamily], rows: list[PassRow], dispatch: Dispatch | None = None
+) -> tuple[dict[str, ExpertFamily], list[str]]:
     """Physics: at one token a deduplicating kernel reads what the per-slot kernel reads (U = S), so
     it is not faster, unless a row timed it there. Where the fitted terms say otherwise (an
     extrapolation below the calibrated sizes), its fixed time is raised to tie at one token on
-    every calibration shape."""
+    every shape of `single_token_shapes`."""
     if "per_slot" not in families:
         return families, []
     timed_at_one = {r.family_at(1) for r in rows if r.n_tokens == 1}
-    shapes = {(r.shape, r.experts, r.top_k) for r in rows}
+    shapes = single_token_shapes(rows, dispatch)
     per_slot, out, notes = families["per_slot"], dict(families), []
     for name, family in families.items():
         if name == "per_slot" or name in timed_at_one:
@@ -237,7 +264,7 @@ def profile_of(
         if not ran:
             continue
         f = kernel.family
-        base = fitted.get(f"{f}.bytes")
+        base = fitted.bytes(f)
         bandwidth = _rate(base, 1e3)
         formats = {key.split("[")[1][:-1]: value for key, value in fitted.values.items() if key.startswith(f"{f}.bytes[") and value > 0}
         families[f] = ExpertFamily(
@@ -265,7 +292,7 @@ def profile_of(
     notes = list(frame.notes) + list(fitted.design.notes)
     if dropped:
         notes.append(f"not calibrated on this device, left out of the dispatch: {', '.join(dropped)}")
-    families, ordered = single_token_order(families, rows)
+    families, ordered = single_token_order(families, rows, frame.dispatch)
     notes += ordered
     has_passes = any(r.scope == "pass" for r in rows)
     dense = frame.dense_fallback
@@ -273,7 +300,7 @@ def profile_of(
         stream = fitted.design.stream_family
         rate = _rate(fitted.get(DENSE_COMPUTE), 1e6)
         dense = DenseFamily(
-            bandwidth_gbps=_rate(fitted.get(f"{stream}.bytes"), 1e3),
+            bandwidth_gbps=_rate(fitted.bytes(stream), 1e3),
             tflops=rate,
             launch_us=0.0,
             provenance=provenance,

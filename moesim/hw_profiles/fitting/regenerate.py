@@ -29,7 +29,7 @@ def engine_builtins(table: Path = PUBLIC_TABLE) -> tuple[dict[str, HardwareProfi
         fit = fits[item.base]
         dispatch = engine.dispatch(None, item.architecture if item.architecture != "any" else base.architecture, "engine-source")
         scaled = scaled_engine_profile(fit.profile, specs[item.device], specs[base.device], item.name, dispatch)
-        families, notes = single_token_order(scaled.expert_families, fit.rows)
+        families, notes = single_token_order(scaled.expert_families, fit.rows, dispatch)
         profiles[item.name] = scaled.__class__(**{**scaled.__dict__, "expert_families": families, "notes": (*scaled.notes, *notes)})
     return profiles, fits
 

@@ -129,9 +129,9 @@ def batch_analysis(
     )
 
 
-def parse_batch_sizes(text: str) -> list[int]:
+def parse_batch_sizes(text: str, option: str = "--batch") -> list[int]:
     """'1,2,4' -> [1, 2, 4] (empty items skipped)."""
     try:
         return [int(b) for b in text.split(",") if b.strip()]
     except ValueError:
-        raise InputError(f"--batch must be comma-separated integers, got '{text}'") from None
+        raise InputError(f"{option} must be comma-separated integers, got '{text}'") from None

@@ -107,7 +107,7 @@ def best_draft_analysis(scenario: Scenario, alphas: list[float] | np.ndarray, ma
     """Best draft length k = 0..max_draft per α, with intervals from the families' ε."""
     alpha = check_acceptance(np.asarray(alphas, np.float64))
     check_draft_lengths(max_draft, "max draft length")
-    cost = expected_costs(scenario, max_draft + 1)
+    cost = expected_costs(scenario, np.arange(1, max_draft + 2))
     draft = draft_costs_us(scenario, max_draft)
     uses_dense = scenario.drafter.provenance == "profile"
     nominal, *corners = corner_costs(cost, draft, uses_dense, cost.dense_epsilon)

@@ -12,8 +12,14 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.kernels.features import uniform_distinct_experts
-from moesim.kernels.windows import summarize_windows
-from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, uniform_twin
+from moesim.sim.analysis.scenario import (
+    Scenario,
+    extrapolation_warnings,
+    mean_distinct_experts,
+    pass_sizes,
+    uniform_twin,
+    window_distributions,
+)
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, StepTimeModel, check_engine
 from moesim.tracegen.formats.trace import Trace
 
@@ -105,29 +111,46 @@ class Crossover:
         }
 
 
-def _expert_times(scenario: Scenario, family: str, max_pass: int, trace: Trace) -> tuple[np.ndarray, float, np.ndarray]:
+def _expert_times(scenario: Scenario, family: str, distributions: list) -> tuple[np.ndarray, float, np.ndarray]:  # type: ignore[type-arg]
     model = StepTimeModel(scenario.model.preset, scenario.model.profile, family, scenario.model.weight_format)
-    cost = expected_costs(scenario, max_pass, model, trace)
+    cost = model.expected_pass_cost(distributions, float(scenario.context_tokens))
     return cost.expert_us, cost.expert_epsilon, cost.extrapolation
 
 
-def crossover_analysis(scenario: Scenario, dedup_family: str = "dedup", max_pass: int = 32) -> Crossover:
+def default_dedup_family(scenario: Scenario) -> str:
+    """The dedup family a crossover compares with per_slot by default: `dedup` on a lab profile; on an
+    engine profile the deduplicating kernel its dispatch runs at the largest pass size (its mat-mat kernel)."""
+    profile = scenario.model.profile
+    if profile.dispatch is None or "dedup" in profile.dedup_families:
+        return "dedup"
+    p = scenario.model.preset
+    for n in (4096, 512, 64):
+        family = str(profile.dispatch.family_for(scenario.model.weight_format, n, p.experts, p.top_k))
+        if family in profile.dedup_families:
+            return family
+    return profile.dedup_families[0] if profile.dedup_families else "dedup"
+
+
+def crossover_analysis(
+    scenario: Scenario, dedup_family: str | None = None, max_pass: int = 32, sizes: list[int] | None = None
+) -> Crossover:
     """Where the dedup family's expert time drops below per-slot's, from the trace and from uniform routing."""
     profile = scenario.model.profile
+    dedup_family = dedup_family or default_dedup_family(scenario)
     if dedup_family not in profile.dedup_families:
         raise InputError(
             f"profile '{profile.name}' has no dedup family '{dedup_family}' (dedup families: {', '.join(profile.dedup_families)})"
         )
     check_engine(profile, "per_slot")
-    n = np.arange(1, max_pass + 1)
+    n = pass_sizes(max_pass, sizes)
     g = scenario.trace.meta.geometry
     twin = uniform_twin(scenario.trace, scenario.model.preset)
     result = {}
     for label, trace in (("trace", scenario.trace), ("uniform", twin)):
-        ps, eps_ps, x_ps = _expert_times(scenario, "per_slot", max_pass, trace)
-        dd, eps_dd, x_dd = _expert_times(scenario, dedup_family, max_pass, trace)
-        summary = summarize_windows(trace.experts, trace.seq_starts, g.experts, max_pass)
-        share = summary.mean_distinct_experts() / (n * g.top_k)
+        distributions = window_distributions(trace, n)
+        ps, eps_ps, x_ps = _expert_times(scenario, "per_slot", distributions)
+        dd, eps_dd, x_dd = _expert_times(scenario, dedup_family, distributions)
+        share = mean_distinct_experts(trace, n, distributions) / (n * g.top_k)
         result[label] = (ps, dd, eps_ps, eps_dd, share, np.maximum(x_ps, x_dd))
     ps, dd, eps_ps, eps_dd, share, factor = result["trace"]
     window = win_window(n, ps, dd)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings
+from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, pass_sizes
 from moesim.sim.cost.steptime import PassCost
 
 
@@ -49,8 +49,8 @@ class Prediction:
         }
 
 
-def predict(scenario: Scenario, max_pass: int = 16) -> Prediction:
-    """T(n) for n = 1..max_pass, expected over the trace's windows."""
-    cost = expected_costs(scenario, max_pass)
-    n = np.arange(1, max_pass + 1)
+def predict(scenario: Scenario, max_pass: int = 16, sizes: list[int] | None = None) -> Prediction:
+    """T(n) for n = 1..max_pass (above 64 on a grid, `pass_sizes`) or the given sizes, expected over the trace's windows."""
+    n = pass_sizes(max_pass, sizes)
+    cost = expected_costs(scenario, n)
     return Prediction(scenario.model.engine, n, cost, extrapolation_warnings("pass of n =", cost.extrapolation, n))

@@ -15,6 +15,8 @@ import numpy as np
 from moesim.errors import InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import extrapolated
+from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.sliding import sliding_distribution
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
 from moesim.models import ModelPreset, builtin_names, load_preset
 from moesim.sim.cost.drafters import Drafter, make_drafter
@@ -77,21 +79,54 @@ def load_scenario(
     return Scenario(step, trace, make_drafter(drafter, preset), context_tokens)
 
 
-def _check_pass_sizes(scenario: Scenario, max_pass: int) -> None:
-    if not 1 <= max_pass <= MAX_PASS_LIMIT:
-        raise InputError(f"pass size must lie in 1..{MAX_PASS_LIMIT}, got {max_pass}")
-    longest = int(scenario.trace.seq_lengths().max())
-    if max_pass > longest:
-        raise InputError(f"pass size {max_pass} exceeds the trace's longest sequence ({longest} positions)")
+LARGEST_PASS = 4096  # batched verification, prefill chunks, kernel tables run to M = 4096
+_GRID_ABOVE_WINDOWS = (96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
-def expected_costs(scenario: Scenario, max_pass: int, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:
-    """Expected pass times over the trace's windows for n = 1..max_pass (shape (max_pass,))."""
-    _check_pass_sizes(scenario, max_pass)
-    trace = trace or scenario.trace
-    summary = summarize_windows(trace.experts, trace.seq_starts, trace.meta.geometry.experts, max_pass)
-    distributions = [summary.feature_distribution(n) for n in range(1, max_pass + 1)]
+def pass_sizes(max_pass: int, sizes: list[int] | None = None) -> np.ndarray:
+    """The pass sizes of an analysis: `sizes` (sorted, distinct), or n = 1..max_pass, every n up
+    to 64 and above it the grid 96, 128, 192, … (x1.5 / x2 steps) up to max_pass, which is kept."""
+    chosen = sorted(set(sizes)) if sizes else [*range(1, min(max_pass, MAX_PASS_LIMIT) + 1)]
+    if not sizes:
+        chosen += [n for n in _GRID_ABOVE_WINDOWS if MAX_PASS_LIMIT < n < max_pass] + ([max_pass] if max_pass > MAX_PASS_LIMIT else [])
+    if not chosen or not 1 <= chosen[0] <= chosen[-1] <= LARGEST_PASS:
+        raise InputError(f"pass sizes must lie in 1..{LARGEST_PASS}, got {sizes or max_pass}")
+    return np.asarray(chosen, np.int64)
+
+
+def window_distributions(trace: Trace, sizes: np.ndarray) -> list[tuple[RoutingFeatures, np.ndarray]]:
+    """Per pass size n, every (U, M) the trace's windows of n positions take with its probability:
+    counted exactly, for n <= 64 all at once (`kernels.windows`), above one n at a time (`kernels.sliding`)."""
+    longest = int(trace.seq_lengths().max())
+    if int(sizes[-1]) > longest:
+        raise InputError(f"pass size {int(sizes[-1])} exceeds the trace's longest sequence ({longest} positions)")
+    experts = trace.meta.geometry.experts
+    small = [int(n) for n in sizes if n <= MAX_PASS_LIMIT]
+    summary = summarize_windows(trace.experts, trace.seq_starts, experts, max(small)) if small else None
+    return [
+        summary.feature_distribution(int(n))
+        if n <= MAX_PASS_LIMIT
+        else sliding_distribution(trace.experts, trace.seq_starts, experts, int(n))
+        for n in sizes
+    ]
+
+
+def expected_costs(scenario: Scenario, sizes: np.ndarray, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:
+    """Expected pass times over the trace's windows for every pass size (shape (len(sizes),))."""
+    distributions = window_distributions(trace or scenario.trace, np.asarray(sizes, np.int64))
     return (model or scenario.model).expected_pass_cost(distributions, float(scenario.context_tokens))
+
+
+def mean_distinct_experts(trace: Trace, sizes: np.ndarray, distributions: list[tuple[RoutingFeatures, np.ndarray]]) -> np.ndarray:
+    """E[U] per pass size over windows and layers (up to 64 from the window summary's per-layer
+    sums, above from the distribution)."""
+    small = int(max((n for n in sizes if n <= MAX_PASS_LIMIT), default=0))
+    means = (
+        summarize_windows(trace.experts, trace.seq_starts, trace.meta.geometry.experts, small).mean_distinct_experts() if small else None
+    )
+    return np.array(
+        [means[n - 1] if n <= MAX_PASS_LIMIT else float(p @ f.distinct_experts) for n, (f, p) in zip(sizes, distributions, strict=True)]
+    )
 
 
 def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0) -> Trace:

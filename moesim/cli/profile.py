@@ -13,24 +13,58 @@ from moesim.cli.render import console, print_json, render_table
 app = typer.Typer(help="Hardware profiles: fit from measurements, list, show, derive what-if hardware.", no_args_is_help=True)
 
 
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model preset, where the output does not name one (or to override it).")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="Device name (a catalog device), where the output does not name it.")]
+FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format, where the output does not name it (e.g. Q4_K_M, BF16).")]
+TableFormatOpt = Annotated[str | None, typer.Option("--table-format", help="The output's format (default: detected from its content).")]
+FiltersOpt = Annotated[list[str] | None, typer.Option("--filter", help="Keep rows where COLUMN=VALUE (repeatable, all must hold).")]
+
+
 @app.command("fit")
 def profile_fit(
-    table: Annotated[Path, typer.Argument(help="Measurement table (Parquet or CSV, contract 3).")],
+    table: Annotated[
+        Path,
+        typer.Argument(help="Measurement table (Parquet or CSV, contract 3), or a benchmark's output (llama-bench and others)."),
+    ],
     out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
-    filters: Annotated[list[str] | None, typer.Option("--filter", help="Keep rows where COLUMN=VALUE (repeatable, all must hold).")] = None,
+    filters: FiltersOpt = None,
     device_json: Annotated[Path | None, typer.Option(help="Device facts (default: device.json beside the table, if any).")] = None,
     backend: Annotated[str | None, typer.Option(help="cuda, metal or cpu, for a device not in the catalog.")] = None,
     tokens_per_read: Annotated[
         list[str] | None, typer.Option("--tokens-per-read", help="FAMILY=T: fix a family's tokens per weight read (0, 1, 2^k).")
     ] = None,
+    model: ModelOpt = None,
+    device: DeviceOpt = None,
+    weight_format: FormatOpt = None,
+    table_format: TableFormatOpt = None,
+    engine: Annotated[str | None, typer.Option(help="Engine of a benchmark's output (default: from its backend).")] = None,
 ) -> None:
-    """Fit every kernel family of a measurement table; print held-out errors; write the profile."""
+    """Fit a profile: every kernel family of a measurement table, or the engine a benchmark's output ran; held-out errors; write it."""
     from moesim.atomic import check_writable
-    from moesim.hw_profiles.fitting.calibrate import fit_profile, parse_tokens_per_read
+    from moesim.hw_profiles.fitting.bench_fit import is_measurement_table
     from moesim.hw_profiles.schema import write_profile
 
     check_writable(out)
+    if not is_measurement_table(table):
+        from moesim.hw_profiles.fitting.bench_fit import fit_bench_output
+        from moesim.hw_profiles.importers import ImportOptions
+
+        options = ImportOptions(model, device, weight_format, tuple(filters or ()))
+        result = fit_bench_output(table, name or out.stem, options, table_format, engine)
+        profile = result.fit.profile
+        render_table(result.fit.table(), title=f"{profile.name}: {profile.device.engine} on the {profile.device.name}")
+        console.print(
+            f"per-slot kernel up to {result.learned_limit} tokens (learned from this run; the engine's source says {result.source_limit})",
+            markup=False,
+        )
+        for note in profile.notes:
+            console.print(f"note: {note}", markup=False)
+        write_profile(out, profile)
+        console.print(f"wrote {out}")
+        return
+    from moesim.hw_profiles.fitting.calibrate import fit_profile, parse_tokens_per_read
+
     fixed = parse_tokens_per_read(tokens_per_read or [])
     report = fit_profile(table, name or out.stem, filters or [], device_json, backend, fixed)
     caption = "absolute relative time error in %; shape_out / routing_out = held out; epsilon = default bound (p90 coverage)"
@@ -42,6 +76,28 @@ def profile_fit(
         console.print(f"note: {note}")
     write_profile(out, report.profile)
     console.print(f"wrote {out}")
+
+
+@app.command("import")
+def profile_import(
+    output: Annotated[Path, typer.Argument(help="A benchmark's output, or the shared public table.")],
+    out: Annotated[Path, typer.Option(help="Measurement table to write (.csv or .parquet, contract 3).")],
+    model: ModelOpt = None,
+    device: DeviceOpt = None,
+    weight_format: FormatOpt = None,
+    table_format: TableFormatOpt = None,
+    filters: FiltersOpt = None,
+    rows: Annotated[str | None, typer.Option(help="Row numbers of the public table, e.g. 31-49,51.")] = None,
+) -> None:
+    """Read a benchmark's output into a measurement table with each row's scope (one op, or a whole pass)."""
+    from moesim.atomic import check_writable
+    from moesim.hw_profiles.importers import ImportOptions, import_table, parse_rows, write_table
+
+    check_writable(out)
+    options = ImportOptions(model, device, weight_format, tuple(filters or ()), parse_rows(rows) if rows else None)
+    fmt, frame = import_table(output, table_format, options)
+    write_table(frame, out)
+    console.print(f"wrote {out}: {frame.height} rows of {fmt} output ({', '.join(sorted(set(frame['scope'].to_list())))} scope)")
 
 
 @app.command("list")

@@ -231,7 +231,7 @@ def _read_format_rates(reader: _Reader, table: Any, path: str) -> dict[str, floa
     if not isinstance(table, dict):
         raise reader.fail(path, "must be a table of weight format = GB/s")
     rates = {}
-    for fmt, value in table.items():
+    for fmt in table:
         try:
             bytes_per_weight(fmt)
         except InputError:

@@ -151,9 +151,10 @@ def scaled_engine_profile(base: HardwareProfile, spec: DeviceSpec, base_spec: De
     bandwidth_scale = spec.peak_bandwidth_gbps / base_spec.peak_bandwidth_gbps
     compute_scale = spec.tensor_tflops / base_spec.tensor_tflops
     note = (
-        f"{base.name} ({base.device.engine}) scaled to the {spec.name}: bandwidths x{bandwidth_scale:.4f} (peak {spec.peak_bandwidth_gbps:g} "
-        f"vs {base_spec.peak_bandwidth_gbps:g} GB/s), FLOP rates x{compute_scale:.4f} (tensor peak {spec.tensor_tflops:g} vs "
-        f"{base_spec.tensor_tflops:g} TFLOP/s), fixed times kept; relative transfer uncertainty {spec.transfer:.2f} assumed"
+        f"{base.name} ({base.device.engine}) scaled to the {spec.name}: bandwidths x{bandwidth_scale:.4f} "
+        f"(peak {spec.peak_bandwidth_gbps:g} vs {base_spec.peak_bandwidth_gbps:g} GB/s), FLOP rates x{compute_scale:.4f} "
+        f"(tensor peak {spec.tensor_tflops:g} vs {base_spec.tensor_tflops:g} TFLOP/s), fixed times kept; "
+        f"relative transfer uncertainty {spec.transfer:.2f} assumed"
     )
     source = Provenance("assumed", note=note)
     device = DeviceFacts(spec.name, spec.backend, spec.memory_gb, spec.l2_cache_bytes, spec.compute_units, base.device.engine,

@@ -5,17 +5,20 @@ Coefficients (all >= 0; µs per column unit): the fixed time per pass; per kerne
 fixed time per layer, and where its reads say so a cost per distinct expert (a launch per used
 expert) or per slot (a dispatch per token); the dense work's compute. Fixed times are fitted per
 build era of the rows (`<name>@<era>`: launch and synchronisation overheads change from build to
-build, rates much less); a profile takes the era it describes, or the nearest era with data. Two ties are physics, not fitting: the non-expert weights and the KV cache stream
-at the bandwidth of the engine's mat-vec family (its per-slot kernel, or the most used one), and
-attention's FLOPs run at the dense FLOP rate. One order is physics too: where the engine has a
-per-slot kernel, no other family reads bytes faster than it (each family's bytes coefficient is
-per_slot's plus a non-negative excess): at one token every family reads the same experts. The fit is NNLS on relative residuals with a Huber
-weight (`family_fit.solve_relative`). Before it, every column is checked for whether the rows
-separate it from the columns before it (residual of the relative, unit-norm column after
-projecting on them below `SEPARABLE`): the dense compute, if not, is tied to the most used
-deduplicating family's compute; any other such column is left out, and the notes say it stays
-in the terms it cannot be told from (e.g. a family's fixed time per layer and the fixed time per
-pass, for one model: the data give only their sum).
+build, rates much less); a profile takes the era it describes, or the nearest era with data.
+
+Ties and orders that are physics, not fitting: the non-expert weights and the KV cache stream at
+the bandwidth of the engine's mat-vec family (its per-slot kernel, or the most used one);
+attention's FLOPs run at the dense FLOP rate; no family reads faster than the device's peak
+bandwidth; where the engine has a per-slot kernel, no other family reads bytes faster than it
+(each family's bytes coefficient is per_slot's plus a non-negative excess: at one token every
+family reads the same experts). The fit is NNLS on relative residuals with a Huber weight
+(`family_fit.solve_relative`). Before it, every column is checked for whether the rows separate
+it from the columns before it (residual of the relative, unit-norm column after projecting on
+them below `SEPARABLE`): the dense compute, if not, is tied to the most used deduplicating
+family's compute; any other such column is left out, and the notes say which terms it stays in
+(e.g. a family's fixed time per layer and the fixed time per pass, for one model: the data give
+only their sum).
 
 Held-out error: leave one model out when the rows hold two or more, else leave one pass size out
 (a user's single-model run); each split repeats the whole procedure on its training rows.
@@ -28,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import polars as pl
 
 from moesim.errors import InputError
 from moesim.hw_profiles.dispatch import Dispatch
@@ -343,6 +347,21 @@ class EngineFit:
     def families_of_rows(self) -> list[str]:
         """The family each row's main layers ran."""
         return [r.family_at(r.n_tokens) for r in self.rows]
+
+    def table(self) -> pl.DataFrame:
+        """One row per measurement: tokens per pass, family, measured, fitted and held-out times (ms)."""
+        measured = np.array([r.time_us for r in self.rows])
+        return pl.DataFrame(
+            {
+                "n_tokens": [r.n_tokens for r in self.rows],
+                "model": [r.model for r in self.rows],
+                "family": self.families_of_rows(),
+                "measured_ms": measured / 1e3,
+                "fitted_ms": self.in_sample_us / 1e3,
+                "held_out_ms": self.heldout_us / 1e3,
+                "held_out_error_%": 100 * (self.heldout_us / measured - 1),
+            }
+        )
 
 
 def _groups(rows: list[PassRow]) -> tuple[str, np.ndarray | None]:

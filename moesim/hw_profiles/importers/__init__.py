@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
+from moesim.atomic import atomic_path
 from moesim.errors import InputError
 from moesim.hw_profiles.importers.batched_bench import looks_like_batched_bench, parse_batched_bench
 from moesim.hw_profiles.importers.benchmark_moe import parse_benchmark_moe
@@ -181,7 +182,7 @@ class BackendOps(Importer):
 
     def sniff(self, text: str) -> bool:
         """Whether the text is this format."""
-        return "MUL_MAT_ID(" in text
+        return "MUL_MAT_ID(" in text or "INSERT INTO test_backend_ops" in text
 
     def frame(self, path: Path, text: str, options: ImportOptions) -> pl.DataFrame:
         """The checked contract-3 table."""
@@ -210,6 +211,29 @@ class LlamaBenchMarkdown(Importer):
         measured = [m for t in tests if (m := measured_of(t, str(path), options.model, options.weight_format)) is not None]
         _needs_device(measured, options, path, "llama-bench's markdown")
         return measured
+
+
+def write_table(frame: pl.DataFrame, path: Path) -> None:
+    """Write a measurement table atomically: Parquet for a .parquet path, else CSV."""
+    if path.suffix.lower() not in (".csv", ".parquet"):
+        raise InputError(f"{path}: a measurement table is .csv or .parquet")
+    with atomic_path(path) as tmp:
+        if path.suffix.lower() == ".parquet":
+            frame.write_parquet(tmp)
+        else:
+            frame.write_csv(tmp)
+
+
+def parse_rows(text: str) -> tuple[int, ...]:
+    """'31-35,40' -> (31, 32, 33, 34, 35, 40): row numbers of the public table."""
+    rows: list[int] = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        first, _, last = item.partition("-")
+        try:
+            rows += list(range(int(first), int(last or first) + 1))
+        except ValueError:
+            raise InputError(f"--rows must be numbers and ranges like 31-49,51, got '{text}'") from None
+    return tuple(rows)
 
 
 def detect_format(path: Path, text: str) -> str:

@@ -110,9 +110,10 @@ def parse_markdown(text: str, where: str, device: str = "") -> list[BenchTest]:
         if not lines[i].lstrip().startswith("|") or i + 1 >= len(lines) or not re.match(r"^\s*\|[\s:|-]+\|\s*$", lines[i + 1]):
             i += 1
             continue
-        header = [h.lower() for h in _cells(lines[i])]
+        printed = _cells(lines[i])
+        header = [h.lower() for h in printed]
         columns = {_MARKDOWN_NAMES[h]: j for j, h in enumerate(header) if h in _MARKDOWN_NAMES}
-        rates = {j: h.removeprefix("t/s").strip() for j, h in enumerate(header) if h.startswith("t/s")}
+        rates = {j: printed[j][3:].strip() for j, h in enumerate(header) if h.startswith("t/s")}
         if "model" not in columns or "test" not in columns or not rates:
             raise InputError(
                 f"{where}: line {i + 1}: unknown column layout {'|'.join(header)!r}: a llama-bench table has model, test and t/s"

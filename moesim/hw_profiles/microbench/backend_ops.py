@@ -42,6 +42,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BACKEND = re.compile(r"^Backend \d+/\d+: (?P<name>\S+)")
 _DESCRIPTION = re.compile(r"^\s*Device description: (?P<description>.+?)\s*$")
 _CASE = re.compile(r"^\s*MUL_MAT_ID\((?P<params>[^)]*)\):\s*(?P<runs>\d+) runs -\s*(?P<us>[0-9.]+) us/run")
+_SQL_VALUE = re.compile(r"\s*(?:'((?:[^']|'')*)'|([^,]*))\s*(,|$)")
 _SQL = re.compile(r"^\s*INSERT INTO test_backend_ops \((?P<columns>[^)]*)\) VALUES \((?P<values>.*)\);\s*$")
 _PARAMS = ("type_a", "type_b", "n_mats", "n_used", "b", "m", "n", "k")
 EXPECTATION_DRAWS = 400
@@ -94,7 +95,14 @@ def mul_mat_id_case(params: str, backend_name: str, device: str, runs: int, time
 
 def _sql_values(text: str) -> list[str]:
     """The values of one SQL VALUES list: 'quoted' strings (with '' escapes) and bare numbers."""
-    return [q.replace("''", "'") if q or not b else b.strip() for q, b in re.findall(r"'((?:[^']|'')*)'|([^,]+)", text)]
+    values, position = [], 0
+    while True:
+        match = _SQL_VALUE.match(text, position)
+        quoted, bare, separator = match.groups()  # type: ignore[union-attr]
+        values.append(quoted.replace("''", "'") if quoted is not None else bare.strip())
+        if not separator:
+            return values
+        position = match.end()  # type: ignore[union-attr]
 
 
 def parse_backend_ops_perf(text: str, source: str = "log") -> list[MulMatIdCase]:

@@ -21,7 +21,6 @@ from moesim.sim.analysis.scenario import (
     window_distributions,
 )
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, StepTimeModel, check_engine
-from moesim.tracegen.formats.trace import Trace
 
 
 def byte_share(distinct_experts: np.ndarray, n_tokens: np.ndarray, top_k: int) -> np.ndarray:

@@ -1,0 +1,76 @@
+"""`moesim profile fit` on a user's llama-bench run: a profile of that device and build, its
+per-slot limit learned from the run's cliff, its held-out error from leaving one pass size out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO, assert_one_line_error
+
+from moesim.hw_profiles.schema import read_profile
+from moesim.kernels.features import uniform_distinct_experts
+from moesim.models import load_preset
+
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32)
+
+
+def _synthetic_run(cliff: int, noise: float = 0.0) -> str:
+    """llama-bench markdown of pp512 runs from a plain formula: per pass a fixed 3 ms, the
+    non-expert weights at 800 GB/s, and per MoE layer either every slot's expert read at 800 GB/s
+    (n <= cliff) or 150 µs + each distinct expert read at 700 GB/s + the slots' FLOPs at 20 TFLOP/s."""
+    preset = load_preset("deepseek-v2-lite")
+    expert_bytes = 3 * 2048 * 1408 * 18 / 32
+    layers, experts, top_k = len(preset.moe_layers), preset.experts, preset.top_k
+
+    def pass_us(n: int) -> float:
+        if n <= cliff:
+            moe = layers * top_k * n * expert_bytes / 800e3
+        else:
+            distinct = float(uniform_distinct_experts(n, experts, top_k))
+            moe = layers * (150 + distinct * expert_bytes / 700e3 + n * top_k * 6 * 2048 * 1408 / 20e6)
+        return 3000 + preset.non_expert_bytes_per_token("Q4_0") / 800e3 + moe
+
+    lines = [
+        "| model | size | params | backend | ngl | n_ubatch | test | t/s |",
+        "| --- | ---: | ---: | --- | --: | ---: | ---: | ---: |",
+    ]
+    for i, n in enumerate(SIZES):
+        wobble = 1 + noise * (1 if i % 2 else -1)
+        lines.append(f"| deepseek2 16B Q4_0 | 8.29 GiB | 15.71 B | CUDA | 99 | {n} | pp512 | {n / pass_us(n) * 1e6 * wobble:.2f} ± 0.10 |")
+    return "\n".join(lines) + "\n\nbuild: 1234abc (9999)\n"
+
+
+@pytest.mark.parametrize("cliff", [4, 8])
+def test_fit_learns_the_cliff_and_predicts_held_out_sizes(tmp_path: Path, cli, cliff: int) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "bench.md"
+    run.write_text(_synthetic_run(cliff, noise=0.01))
+    out = tmp_path / "mine.toml"
+    code, stdout, err = cli("profile", "fit", run, "--device", "RTX 3090", "--out", out)
+    assert code == 0, err
+    assert f"per-slot kernel up to {cliff} tokens" in stdout.replace("\n", " ")
+    profile = read_profile(out)
+    assert profile.status == "calibrated" and profile.dispatch is not None and profile.device.name == "NVIDIA GeForce RTX 3090"
+    assert list(profile.dispatch.family_for("Q4_0", list(SIZES), 64, 6)) == ["per_slot" if n <= cliff else "dedup_mmq" for n in SIZES]
+    held = profile.expert_family("dedup_mmq").heldout_error.leave_one_size_out
+    mat_mat_sizes = sum(1 for n in SIZES if n > cliff)
+    bound = 0.05 if mat_mat_sizes > 3 else 0.2  # with three mat-mat sizes, leaving one out leaves two to fit its rates
+    assert held is not None and held.median < bound and held.rows == mat_mat_sizes
+    assert [row.n_tokens for row in profile.sources["measurements"].rows] == list(SIZES)
+
+
+def test_the_readme_example_fits(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    code, stdout, err = cli(
+        "profile", "fit", REPO / "examples" / "llama-bench-synthetic.md", "--device", "RTX 3090", "--out", tmp_path / "p.toml"
+    )
+    assert code == 0, err and "learned from this run" in stdout
+
+
+def test_bench_fit_errors_are_one_line(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "bench.md"
+    run.write_text(_synthetic_run(4))
+    code, _, err = cli("profile", "fit", run, "--out", tmp_path / "p.toml")
+    assert_one_line_error(code, err, "bench.md", "--device")
+    code, _, err = cli("profile", "fit", run, "--device", "Mystery GPU 9000", "--out", tmp_path / "p.toml")
+    assert_one_line_error(code, err, "Mystery GPU 9000", "not in the catalog")
+    assert not (tmp_path / "p.toml").exists()

@@ -23,7 +23,7 @@ def _reference(rules: list[DispatchRule], fmt: str, n: int, experts: int, top_k:
     for r in rules:
         if r.formats and fmt not in r.formats:
             continue
-        if n < r.min_tokens or (r.max_tokens and n > r.max_tokens) or n * top_k < r.min_slots:
+        if n < r.min_tokens or (r.max_tokens and n > r.max_tokens) or n * top_k < r.min_slots or (r.max_slots and n * top_k > r.max_slots):
             continue
         if n * top_k / experts < r.min_slots_per_expert or (r.max_tokens_per_expert and n / experts > r.max_tokens_per_expert):
             continue
@@ -41,6 +41,7 @@ def test_first_matching_rule_wins_against_a_plain_reference() -> None:
                 min_tokens=int(rng.integers(1, 20)),
                 max_tokens=int(rng.choice([0, int(rng.integers(1, 64))])),
                 min_slots=int(rng.choice([0, 64])),
+                max_slots=int(rng.choice([0, 700])),
                 min_slots_per_expert=float(rng.choice([0.0, 4.0])),
                 max_tokens_per_expert=float(rng.choice([0.0, 1.0])),
             )

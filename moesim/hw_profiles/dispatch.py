@@ -10,7 +10,7 @@ hold), for a pass of n tokens, top-k K and E experts:
 
     weight format in `formats` (empty: every format)
     min_tokens <= n <= max_tokens                   (0: no upper bound)
-    n·K >= min_slots,  n·K/E >= min_slots_per_expert
+    min_slots <= n·K <= max_slots (0: no bound),  n·K/E >= min_slots_per_expert
     n / E <= max_tokens_per_expert                  (0: no bound)
 
 TOML (contract 4, optional table of an engine profile):
@@ -36,7 +36,7 @@ import numpy as np
 
 from moesim.errors import ConfigError, InputError
 
-_INT_CONDITIONS = ("min_tokens", "max_tokens", "min_slots")
+_INT_CONDITIONS = ("min_tokens", "max_tokens", "min_slots", "max_slots")
 _FLOAT_CONDITIONS = ("min_slots_per_expert", "max_tokens_per_expert")
 
 
@@ -49,6 +49,7 @@ class DispatchRule:
     min_tokens: int = 1
     max_tokens: int = 0
     min_slots: int = 0
+    max_slots: int = 0
     min_slots_per_expert: float = 0.0
     max_tokens_per_expert: float = 0.0
     note: str = ""
@@ -62,6 +63,8 @@ class DispatchRule:
         if self.max_tokens:
             ok &= n <= self.max_tokens
         ok &= n * top_k >= self.min_slots
+        if self.max_slots:
+            ok &= n * top_k <= self.max_slots
         ok &= n * top_k / experts >= self.min_slots_per_expert - 1e-12
         if self.max_tokens_per_expert:
             ok &= n / experts <= self.max_tokens_per_expert + 1e-12

@@ -23,7 +23,9 @@ experts; before #18918 (2026-01-21, 960ee54f) only for one token.
 Metal (`ggml_metal_op_mul_mat_id`, src/ggml-metal/ggml-metal-ops.cpp): `kernel_mul_mm_id` over
 32-token x 64-row tiles of each expert (threadgroups z = experts) when the device has simdgroup
 matrices, ne00 >= 64 and tokens >= `ne21_mm_id_min` = 32 (since #13388, 2025-05-09, 878a093f);
-`kernel_mul_mv_id` (threadgroups z = slots x tokens: per-slot) otherwise.
+`kernel_mul_mv_id` (threadgroups z = slots x tokens: per-slot) otherwise. Before #13388
+(`ggml-metal.m` at 878a093f~1) mul_mm_id ran when the slots exceeded the experts and its row map
+fitted in threadgroup memory: slots <= (memory / 2 - 8192) / 4, 2048 slots for 32 KiB (assumed).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ _MMVQ_MAX = {
     "turing-ampere": {"MXFP4": 7, "Q2_K": 7, "Q3_K": 5},
     "pascal": {"Q4_0": 6, "Q4_K": 5, "Q5_K": 5, "Q6_K": 4, "Q8_0": 4, "MXFP4": 4, "Q2_K": 4, "Q3_K": 4},
     "rdna3": {"Q4_K": 4, "Q5_K": 4, "Q6_K": 4},
+    "cdna": {},  # CDNA has its own table in mmvq.cu, not read here: the default 8 (the public CDNA rows run >= 16 tokens)
 }
 _MMVQ_DEFAULT = 8
 MMF_MAX_TOKENS = 128
@@ -122,10 +125,18 @@ class LlamaCppMetal(Engine):
         Kernel("per_slot", 1, "kernel_mul_mv_id: threadgroups over slots x tokens, one read per token slot"),
         Kernel("dedup_mul_mm_id", 32, "kernel_mul_mm_id: each used expert read and computed in tiles of 32 of its tokens", tile_tokens=32),
     )
-    eras = (Era("2025-05-09", "llama.cpp #13388 (ggml 878a093f): mul_mm_id from 32 tokens"),)
+    eras = (
+        Era("2025-03-28", "before llama.cpp #13388: mul_mm_id when slots exceed experts and fit the threadgroup map (32 KiB assumed)"),
+        Era("2025-05-09", "llama.cpp #13388 (ggml 878a093f): mul_mm_id from 32 tokens"),
+    )
 
     def rules(self, era: str, architecture: str) -> list[DispatchRule]:
         """The rules of the era on the device class (module docstring)."""
+        if era < "2025-05-09":  # ggml-metal.m before 878a093f: dst_rows = slots > experts, <= (32 KiB / 2 - 8192) / 4
+            return [
+                DispatchRule("dedup_mul_mm_id", min_slots_per_expert=1.000001, max_slots=2048, note="slots > experts, map in threadgroup memory"),
+                DispatchRule("per_slot", note="kernel_mul_mv_id"),
+            ]
         return [
             DispatchRule("dedup_mul_mm_id", min_tokens=32, note="simdgroup matrices, ne00 >= 64, tokens >= ne21_mm_id_min"),
             DispatchRule("per_slot", note="kernel_mul_mv_id"),

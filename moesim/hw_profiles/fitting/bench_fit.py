@@ -35,7 +35,7 @@ from moesim.hw_profiles.provenance import FittedRow, Provenance, file_sha256
 
 LEARN_MARGIN = 0.1
 # Catalog architectures -> the device classes of llama.cpp's CUDA dispatch.
-CUDA_CLASS = {"pascal": "pascal", "ampere": "turing-ampere", "turing": "turing-ampere", "rdna3": "rdna3"}
+CUDA_CLASS = {"pascal": "pascal", "ampere": "turing-ampere", "turing": "turing-ampere", "rdna3": "rdna3", "cdna": "cdna"}
 ENGINE_OF_BACKEND = {"cuda": "llama.cpp CUDA", "rocm": "llama.cpp CUDA", "vulkan": "llama.cpp Vulkan", "metal": "llama.cpp Metal"}
 
 

@@ -244,9 +244,14 @@ def profile_frame(item: Recipe, table: Path = PUBLIC_TABLE) -> ProfileFrame:
     )
 
 
+def recipe_rows(item: Recipe, table: Path = PUBLIC_TABLE) -> list[PassRow]:
+    """The recipe's rows as the fit sees them (each with its build's dispatch)."""
+    return _recipe_table(item, table)[1]
+
+
 def fit_recipe(item: Recipe, table: Path = PUBLIC_TABLE) -> EngineFit:
     """Fit one built-in on its rows of the public table."""
-    _, rows = _recipe_table(item, table)
+    rows = recipe_rows(item, table)
     fit = fit_engine(rows, ENGINES.create(item.engine), profile_frame(item, table))
     fit.profile = used_sources(fit.profile)
     return fit

@@ -38,14 +38,14 @@ from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.engines import Engine
 from moesim.hw_profiles.families import CalibratedRange, DenseFamily, ExpertFamily, ExpertInputs, Roofline
 from moesim.hw_profiles.fitting.family_fit import solve_relative
-from moesim.hw_profiles.fitting.whole_pass import EXPERT_TERMS, PassRow, expert_columns, predict_us, uniform_features
+from moesim.hw_profiles.fitting.whole_pass import EXPERT_TERMS, PassRow, expert_columns, predict_us, predicts, uniform_features
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
 from moesim.models import ExpertShape, builtin_names, load_preset
 
 SEPARABLE = 1e-3
-NO_SPLIT_BOUND = 0.10
+NO_SPLIT_BOUND = 0.25  # assumed bound where no row of a profile could be held out
 PASS_FIXED, DENSE_COMPUTE = "pass.fixed", "dense.compute"
 
 
@@ -381,7 +381,7 @@ def predict_rows(rows: list[PassRow], train: list[PassRow], engine: Engine, fitt
         if row.era not in profiles:
             profiles[row.era] = profile_of(train, engine, fitted, dataclasses.replace(frame, era=row.era), {})
         profile = profiles[row.era]
-        if all(row.family_at(n) in profile.expert_families for n, _ in row.layer_runs()):
+        if predicts(row, profile):
             predicted[i] = predict_us(row, profile)
     return predicted
 
@@ -423,11 +423,13 @@ def fit_engine(rows: list[PassRow], engine: Engine, frame: ProfileFrame) -> Engi
         stats = {"in_sample": _errors(rows, in_sample, keep)}
         if split:
             stats[split] = _errors(rows, heldout, keep)
-        error = HeldoutError(**stats)  # type: ignore[arg-type]
+        errors[family] = HeldoutError(**stats)  # type: ignore[arg-type]
+    worst = max((e.epsilon for e in errors.values() if not math.isnan(e.epsilon)), default=NO_SPLIT_BOUND)
+    for family, error in errors.items():
         if math.isnan(error.epsilon):
-            p90 = stats["in_sample"].p90 if stats["in_sample"] else 0.0
-            error = error.with_transfer(max(NO_SPLIT_BOUND, p90), "no held-out split: the in-sample p90 as the bound, at least 10 %")
-        errors[family] = error
+            p90 = error.in_sample.p90 if error.in_sample else 0.0
+            note = "no held-out row of this family (it ran in one held-out group only): bound = the worst held-out p90 of the profile's families, at least 25 % (assumed)"
+            errors[family] = error.with_transfer(max(NO_SPLIT_BOUND, p90, worst), note)
     profile = profile_of(rows, engine, fitted, frame, errors)
     group_errors = {}
     if groups is not None:

@@ -67,6 +67,7 @@ class PassRow:
     source: str = ""
     variant: str = ""
     era: str = ""
+    test: str = ""
 
     def layer_runs(self) -> list[tuple[int, float]]:
         """(tokens, count) of the MoE layer evaluations of one pass."""
@@ -127,11 +128,23 @@ def expert_columns(row: PassRow, structures: dict[str, ExpertStructure]) -> dict
     return columns
 
 
+def run_family(row: PassRow, tokens: int, families: dict[str, object]) -> str:
+    """The family a layer run of the row uses in a profile: the dispatched one; for the logit rows'
+    last layer (under one layer a pass), the main layers' family where the profile lacks it."""
+    family = row.family_at(tokens)
+    return family if family in families or tokens == row.n_tokens else row.family_at(row.n_tokens)
+
+
+def predicts(row: PassRow, profile: HardwareProfile) -> bool:
+    """Whether the profile has the family the row's main layers run."""
+    return row.family_at(row.n_tokens) in profile.expert_families
+
+
 def predict_us(row: PassRow, profile: HardwareProfile) -> float:
     """The profile's time for the row (families with their roofline floor, dense, fixed)."""
     total = 0.0
     for tokens, count in row.layer_runs():
-        family = profile.expert_family(row.family_at(tokens))
+        family = profile.expert_family(run_family(row, tokens, profile.expert_families))
         total += count * float(family.time_us(uniform_features(tokens, row.experts, row.top_k), row.shape))
     if row.scope == "op":
         return total
@@ -169,6 +182,7 @@ def pass_rows(frame: pl.DataFrame, dispatches: list[Dispatch], eras: list[str] |
                 source=str(record.get("source") or ""),
                 variant=str(record.get("variant") or ""),
                 era=eras[i] if eras else "",
+                test=str(record.get("test") or ""),
             )
         )
     return rows

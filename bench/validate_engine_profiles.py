@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from moesim.hw_profiles.fitting.engine_builtins import fit_recipe  # noqa: E402
-from moesim.hw_profiles.fitting.engine_validation import (  # noqa: E402
+from moesim.hw_profiles.fitting.engine_builtins import fit_recipe
+from moesim.hw_profiles.fitting.engine_validation import (
     Judged,
     all_recipes,
     byte_share_answers,
@@ -75,7 +75,8 @@ def main() -> None:
             sizes = ",".join(str(n) for n in s.sizes)
             print(f"| {item.name} | {s.model} | {s.build} | {s.test[:28]} | {sizes} | {s.measured or '–'} | {s.dispatched or '–'} |")
     print("\n### u(n) against r(n) per engine profile (uniform routing, the calibration's first model and format)\n")
-    print("| profile | model, format | mat-mat family | r(1) | r(8) | r(32) | r over n = 1..64 | dedup faster (u < r) from n | engine switches at n |")
+    columns = ("profile", "model, format", "mat-mat family", "r(1)", "r(8)", "r(32)", "r over n = 1..64")
+    print("| " + " | ".join(columns) + " | dedup faster (u < r) from n | engine switches at n |")
     print("|---|---|---|---|---|---|---|---|---|")
     for item in recipes:
         profile = fits[item.name].profile

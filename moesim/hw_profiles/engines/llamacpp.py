@@ -134,7 +134,9 @@ class LlamaCppMetal(Engine):
         """The rules of the era on the device class (module docstring)."""
         if era < "2025-05-09":  # ggml-metal.m before 878a093f: dst_rows = slots > experts, <= (32 KiB / 2 - 8192) / 4
             return [
-                DispatchRule("dedup_mul_mm_id", min_slots_per_expert=1.000001, max_slots=2048, note="slots > experts, map in threadgroup memory"),
+                DispatchRule(
+                    "dedup_mul_mm_id", min_slots_per_expert=1.000001, max_slots=2048, note="slots > experts, map in threadgroup memory"
+                ),
                 DispatchRule("per_slot", note="kernel_mul_mv_id"),
             ]
         return [

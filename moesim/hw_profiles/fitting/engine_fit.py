@@ -428,7 +428,10 @@ def fit_engine(rows: list[PassRow], engine: Engine, frame: ProfileFrame) -> Engi
     for family, error in errors.items():
         if math.isnan(error.epsilon):
             p90 = error.in_sample.p90 if error.in_sample else 0.0
-            note = "no held-out row of this family (it ran in one held-out group only): bound = the worst held-out p90 of the profile's families, at least 25 % (assumed)"
+            note = (
+                "no held-out row of this family (it ran in one held-out group only): bound = the worst held-out p90 "
+                "of the profile's families, at least 25 % (assumed)"
+            )
             errors[family] = error.with_transfer(max(NO_SPLIT_BOUND, p90, worst), note)
     profile = profile_of(rows, engine, fitted, frame, errors)
     group_errors = {}

@@ -47,9 +47,19 @@ VALIDATION: tuple[Recipe, ...] = (
         "any",
         (Group(tuple(range(429, 460, 2)), "2026-01-21", "2026-08-06 #26686 before"),),
     ),
-    Recipe("nvidia-rtx-5090-vulkan", "nvidia-rtx-5090", "llama.cpp Vulkan", "any", (Group((258, 259, 260), "2024-11-01", "2025-08-24 #15546 master"),)),
-    Recipe("amd-radeon-pro-vii-vulkan", "amd-radeon-pro-vii", "llama.cpp Vulkan", "any", (Group((292, 294, 296, 298), "2024-11-01", "2025-08-23 #15524 after"),)),
-    Recipe("apple-m2-max-metal", "apple-m2-max-30", "llama.cpp Metal", "any", (Group((245, 246, 247), "2025-03-28", "2025-04-02 a6f32f0b3 (5018)"),)),
+    Recipe(
+        "nvidia-rtx-5090-vulkan", "nvidia-rtx-5090", "llama.cpp Vulkan", "any", (Group((258, 259, 260), "2024-11-01", "2025-08-24 #15546"),)
+    ),
+    Recipe(
+        "amd-radeon-pro-vii-vulkan",
+        "amd-radeon-pro-vii",
+        "llama.cpp Vulkan",
+        "any",
+        (Group((292, 294, 296, 298), "2024-11-01", "2025-08-23 #15524 after"),),
+    ),
+    Recipe(
+        "apple-m2-max-metal", "apple-m2-max-30", "llama.cpp Metal", "any", (Group((245, 246, 247), "2025-03-28", "2025-04-02 a6f32f0b3"),)
+    ),
 )
 CLIFF_SLOPE = 3.0
 DROP = 0.98
@@ -173,11 +183,13 @@ def byte_share_answers(profile: HardwareProfile, model: str, weight_format: str,
     preset = load_preset(model)
     shape = preset.expert_shape(weight_format)
     dispatch = profile.dispatch
-    families = [f for f in dispatch.families_for(weight_format) if f in profile.dedup_families] if dispatch else list(profile.dedup_families)
+    runs = dispatch.families_for(weight_format) if dispatch else profile.dedup_families
+    families = [f for f in runs if f in profile.dedup_families]
     table = dedup_comparison(profile, shape, preset.experts, preset.top_k, sizes, dedup_families=tuple(families)).to_dicts()
     answers = []
     for family in families:
-        switch = next((n for n, _, to in dispatch.switches(weight_format, preset.experts, preset.top_k, 4096) if to == family), None) if dispatch else None
+        moves = dispatch.switches(weight_format, preset.experts, preset.top_k, 4096) if dispatch else []
+        switch = next((n for n, _, to in moves if to == family), None)
         answers.append(
             ShareAnswer(
                 profile.name,

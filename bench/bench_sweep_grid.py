@@ -28,7 +28,7 @@ from moesim.sim.sweep.run import run_sweep
 CONFIG = """
 [grid]
 models = ["deepseek-v2-lite", "qwen3-30b-a3b"]
-profiles = ["nvidia-h200", "nvidia-h100-sxm"]
+profiles = ["nvidia-h200", "nvidia-rtx-4090-llamacpp"]
 engines = ["per_slot", "best"]
 drafters = ["qwen3-0.6b"]
 alpha = { start = 0.0, stop = 1.0, num = 1001 }

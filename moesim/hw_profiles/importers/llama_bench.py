@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.hw_profiles.importers.names import format_in_description, resolve_formats, resolve_model
 from moesim.hw_profiles.importers.rows import LLAMA_DEFAULT_BATCH, LLAMA_DEFAULT_UBATCH, Measured, decode_scope, prompt_scope
 
@@ -188,4 +188,4 @@ def parse_records(text: str, where: str, kind: str, device: str = "") -> list[Be
         lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip()]
         return [_from_record(json.loads(line), f"{where}: line {i}", i, device) for i, line in lines]
     except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
-        raise InputError(f"{where}: not llama-bench -o {kind} output ({exc.__class__.__name__}: {str(exc).splitlines()[0][:80]})") from None
+        raise InputError(f"{where}: not llama-bench -o {kind} output ({first_line(exc)[:80]})") from None

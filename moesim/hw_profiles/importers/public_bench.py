@@ -20,7 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
-from moesim.errors import InputError
+from moesim.errors import InputError, first_line
 from moesim.filters import apply_filters, parse_filters
 from moesim.hw_profiles.importers.names import ExpertGeometry, expert_geometry, resolve_formats, resolve_model
 from moesim.hw_profiles.importers.rows import Measured, PassScope, decode_scope, prompt_scope
@@ -129,7 +129,7 @@ def read_public_table(path: Path, filters: list[str], rows: list[int] | None = N
     try:
         frame = pl.read_csv(path, infer_schema_length=0)
     except (pl.exceptions.PolarsError, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: unreadable public table ({exc.__class__.__name__})") from None
+        raise InputError(f"{path}: unreadable public table ({first_line(exc)})") from None
     if tuple(frame.columns) != COLUMNS:
         raise InputError(f"{path}: unknown column layout ({', '.join(frame.columns[:6])}, …): expected {', '.join(COLUMNS)}")
     frame = frame.with_row_index("row", offset=1).with_columns(pl.col("row").cast(pl.Int64)).fill_null("")

@@ -180,3 +180,18 @@ def test_llama_cpp_has_no_fp8_kernel_and_says_so(cli, tmp_path: Path) -> None:  
     write_trace(trace, synthesize(load_preset("qwen3-30b-a3b"), Uniform(), tokens=20, seqs=1, seed=1, weight_format="FP8"))
     code, _, err = cli("predict", "--trace", trace, "--profile", "nvidia-rtx-3090-llamacpp", "--max-pass", "4")
     assert code == 2 and "no kernel for weight format FP8" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sweep_runs_engine_profiles_with_and_without_a_per_slot_kernel(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "sweep.toml"
+    config.write_text(
+        "[grid]\nmodels = ['qwen3-30b-a3b']\nprofiles = ['nvidia-rtx-3090-llamacpp', 'nvidia-h200-vllm']\n"
+        "engines = ['dispatch', 'best']\nalpha = [0.5]\nmax_draft = 2\nmax_pass = 3\nweight_format = 'BF16'\n"
+    )
+    code, _, err = cli("sweep", config, "--out", tmp_path / "s.parquet")
+    assert code == 0, err
+    import polars as pl
+
+    rows = pl.read_parquet(tmp_path / "s.parquet").filter((pl.col("record") == "pass") & (pl.col("engine") == "dispatch"))
+    families = {(r["profile"], r["n"]): r["family"] for r in rows.iter_rows(named=True)}
+    assert families[("nvidia-h200-vllm", 1)] == "dedup_fused_bm16" and families[("nvidia-rtx-3090-llamacpp", 3)] == "dedup_mmf"

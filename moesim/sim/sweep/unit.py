@@ -89,10 +89,12 @@ def _pass_rows(
     costs: dict[str, PassCost], profile_dedup: tuple[str, ...], share: np.ndarray, distinct: np.ndarray, size: int
 ) -> pl.DataFrame:
     """One row per engine (every kernel family and `best`) and n = 1..size: T(n) with its interval,
-    u(n), and for dedup families r(n) against per_slot and whether dedup wins at n."""
+    u(n), and for dedup families r(n) against per_slot and whether dedup wins at n (where the profile
+    has a per_slot family: an engine profile of vLLM's fused MoE has none)."""
     n = np.arange(1, size + 1)
     heads = {engine: _head(cost, size) for engine, cost in costs.items()}
-    per_slot, share, distinct = heads["per_slot"].expert_us, share[:size], distinct[:size]
+    per_slot = heads["per_slot"].expert_us if "per_slot" in heads else None
+    share, distinct = share[:size], distinct[:size]
     frames = []
     for engine, cost in heads.items():
         columns: dict[str, object] = {
@@ -109,7 +111,7 @@ def _pass_rows(
             "byte_share": share,
             "extrapolation": cost.extrapolation,
         }
-        if engine in profile_dedup:
+        if engine in profile_dedup and per_slot is not None:
             columns["bandwidth_ratio"] = bandwidth_ratio(per_slot, cost.expert_us, share)
             columns["dedup_wins"] = np.isin(n, win_window(n, per_slot, cost.expert_us).dedup_wins)
         frames.append(pl.DataFrame(columns))

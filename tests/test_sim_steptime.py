@@ -78,3 +78,40 @@ def test_same_config_same_bytes_on_the_step_time_model(tmp_path: Path) -> None:
         simulate(config).write(tmp_path / out)
     for name in ("requests.arrow", "iterations.arrow", "summary.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    ("profile", "engine", "expected"), [("nvidia-h200", None, "per_slot"), ("nvidia-rtx-3090-llamacpp", None, "dispatch")]
+)
+def test_target_engine_defaults_to_the_engines_dispatch_on_an_engine_profile(profile: str, engine: str | None, expected: str) -> None:
+    from moesim.sim.serving.run import build_cost
+
+    data = {
+        "run": {"seed": 3, "requests": 1},
+        "workload": {"prompt_tokens": PROMPT, "output_tokens": OUTPUT},
+        "trace": {"synth": "mixture", "tokens": 300, "seqs": 1, "seed": 1},
+        "target": {"model": "olmoe-1b-7b", "profile": profile, "weight_format": "Q4_K"},
+        "cost": {"kind": "steptime"},
+        "acceptance": {"model": "geometric", "alpha": 0.7},
+        "policy": {"name": "off"},
+    }
+    config = config_from_dict(data, "test", Path("."))
+    assert config.target.engine is engine
+    cost = build_cost(config, load_trace(config, "olmoe-1b-7b"))
+    assert cost.model.engine == expected  # type: ignore[attr-defined]
+
+
+def test_dispatch_engine_on_a_profile_without_dispatch_names_the_key() -> None:
+    from moesim.errors import ConfigError
+
+    data = {
+        "run": {"seed": 3, "requests": 1},
+        "workload": {"prompt_tokens": PROMPT, "output_tokens": OUTPUT},
+        "trace": {"synth": "mixture", "tokens": 300, "seqs": 1, "seed": 1},
+        "target": {"model": "olmoe-1b-7b", "profile": "nvidia-h200", "engine": "dispatch"},
+        "cost": {"kind": "steptime"},
+        "acceptance": {"model": "geometric", "alpha": 0.7},
+        "policy": {"name": "off"},
+    }
+    with pytest.raises(ConfigError, match=r"target\.engine.*no \[dispatch\] table"):
+        config_from_dict(data, "test", Path("."))

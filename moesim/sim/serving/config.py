@@ -30,6 +30,7 @@ from moesim.fields import FieldError, build, build_entry, require
 from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import DRAFTERS, make_drafter
+from moesim.sim.cost.steptime import default_engine
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
 from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
 from moesim.sim.serving.policies import POLICIES, Policy
@@ -127,7 +128,7 @@ class TargetSection:
     model: str | None = None
     weight_format: str | None = None
     profile: str | None = None
-    engine: str = "per_slot"
+    engine: str | None = None  # default: the engine's dispatch on an engine profile, per_slot otherwise
 
 
 @dataclass(frozen=True)
@@ -244,10 +245,10 @@ def _check_target(target: TargetSection, drafter: DrafterSection | None, models:
         profile = load_profile(target.profile)
     except MoesimError as exc:
         raise ConfigError(f"{source}: key 'target.profile': {exc}") from None
-    if target.engine != "best" and target.engine not in profile.expert_families:
-        known = ", ".join([*profile.expert_families, "best"])
-        message = f"profile '{profile.name}' has no expert family '{target.engine}' (known: {known})"
-        raise ConfigError(f"{source}: key 'target.engine': {message}")
+    try:
+        default_engine(profile, target.engine)
+    except MoesimError as exc:
+        raise ConfigError(f"{source}: key 'target.engine': {exc}") from None
 
 
 def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudySection:

@@ -20,7 +20,7 @@ from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
-from moesim.sim.cost.steptime import StepTimeModel
+from moesim.sim.cost.steptime import StepTimeModel, default_engine
 from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.acceptance import AcceptanceModel
 from moesim.sim.serving.config import SimConfig
@@ -62,7 +62,8 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
     name = model or target.model
     try:
         preset = load_preset(name or "")
-        step_time = StepTimeModel(preset, load_profile(target.profile or ""), target.engine, target.weight_format or "")
+        profile = load_profile(target.profile or "")
+        step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "")
         drafter = make_drafter(config.drafter.spec(), preset)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None

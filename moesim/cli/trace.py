@@ -76,6 +76,10 @@ def trace_info(
         f"{summary.sequences} sequences, {summary.tokens} tokens ({summary.prompt_tokens} prompt), "
         f"{len(summary.moe_layers)} MoE layers of {summary.layers}, top-{summary.top_k} of {summary.experts} experts"
     )
+    if summary.groups:
+        console.print("groups: " + ", ".join(f"{name} ({seqs} sequences)" for name, seqs in summary.groups.items()))
+    for key, value in summary.provenance.items():
+        console.print(f"provenance {key}: {value}", soft_wrap=True)
     render_table(summary.per_layer_table(), title="Per MoE layer", caption="reuse = mean |S_t ∩ S_t+1| / k over consecutive positions")
 
 
@@ -152,12 +156,18 @@ def trace_speculate(
 
 @app.command("import")
 def trace_import(
-    source_path: Annotated[Path, typer.Argument(help="Table (.csv/.parquet), router logits (.safetensors/.npz) or vLLM step dumps.")],
+    source_path: Annotated[
+        Path, typer.Argument(help="Table (.csv/.csv.gz/.parquet), router logits (.safetensors/.npz) or vLLM step dumps.")
+    ],
     model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
     out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
     source: Annotated[str, typer.Option(help="auto, table, hf-logits or vllm.")] = "auto",
     normalize: Annotated[bool, typer.Option(help="hf-logits: renormalise the top-k probabilities (norm_topk_prob).")] = False,
+    provenance: Annotated[
+        Path | None, typer.Option(help="JSON object saying where the routing came from (kept in the trace's metadata).")
+    ] = None,
+    compress: Annotated[str | None, typer.Option(help="Compress the trace's record batches: zstd.")] = None,
 ) -> None:
     """Import routing recorded elsewhere into a moesim trace."""
     from moesim.atomic import check_writable
@@ -165,11 +175,13 @@ def trace_import(
     from moesim.tracegen.formats.schema import TraceGeometry
     from moesim.tracegen.formats.trace import write_trace
     from moesim.tracegen.importers import import_routing
+    from moesim.tracegen.importers.common import read_provenance
 
     geometry = TraceGeometry.from_preset(load_preset(model), weight_format)
     check_writable(out)
-    trace = import_routing(source_path, geometry, source, normalize)
-    write_trace(out, trace)
+    record = None if provenance is None else read_provenance(provenance)
+    trace = import_routing(source_path, geometry, source, normalize, record)
+    write_trace(out, trace, compress)
     console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} positions from {source_path} ({trace.meta.engine})")
 
 

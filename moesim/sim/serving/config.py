@@ -36,6 +36,7 @@ from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import read_toml
+from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.routing.synth import make_generator
 
 MODEL_PLACEHOLDER = "{model}"
@@ -83,7 +84,7 @@ class TraceSection:
         if (self.path is None) == (self.synth is None):
             raise FieldError("path", "give exactly one of 'path' (a trace file) or 'synth' (a routing generator)")
         if self.path is not None and MODEL_PLACEHOLDER not in str(self.path):
-            require(self.path.is_file(), "path", f"no such trace file {self.path}")
+            require(resolve_trace(self.path).is_file(), "path", f"no such trace file {self.path}")
         require(self.tokens >= 1, "tokens", f"must be >= 1, got {self.tokens}")
         require(self.seqs >= 1, "seqs", f"must be >= 1, got {self.seqs}")
         require(self.offset_stride >= 0, "offset_stride", f"must be >= 0, got {self.offset_stride}")

@@ -32,6 +32,7 @@ from moesim.sim.cost.steptime import check_engine
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
 from moesim.tomlfile import read_toml
+from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.routing.synth import make_generator
 
 SWEEP_FORMAT = "moesim.sweep/1"
@@ -167,6 +168,7 @@ class Routing:
 
 
 def _file_digest(path: Path) -> str:
+    path = resolve_trace(path)  # a built-in trace by name: its file
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "builtin"
 
 
@@ -246,12 +248,12 @@ def _check_routing(config: SweepConfig) -> None:
         if name in names[:i]:
             raise ConfigError(f"{config.key(f'routing[{i}].name')}: routing '{name}' is named twice")
     for i, routing in enumerate(config.routing):
-        if routing.trace is not None and MODEL_PLACEHOLDER not in str(routing.trace) and not routing.trace.is_file():
+        if routing.trace is not None and MODEL_PLACEHOLDER not in str(routing.trace) and not resolve_trace(routing.trace).is_file():
             raise ConfigError(f"{config.key(f'routing[{i}].trace')}: no such trace file {routing.trace}")
         if routing.trace is not None and MODEL_PLACEHOLDER in str(routing.trace):
             for model in config.grid.models:
                 path = routing.trace_for(model)
-                if not path.is_file():  # type: ignore[union-attr]
+                if not resolve_trace(path).is_file():  # type: ignore[arg-type]
                     raise ConfigError(f"{config.key(f'routing[{i}].trace')}: no trace file {path} for model '{model}'")
 
 

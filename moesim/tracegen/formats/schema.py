@@ -15,7 +15,11 @@ An Arrow IPC file, one row per (sequence, position, MoE layer), sorted by (seq, 
 Every position carries one row for each MoE layer, in the order of `moe_layers`. Schema
 metadata: `moesim.format` = "routing-trace", `moesim.format_version` = "1", and `moesim.meta`
 = JSON of `TraceMeta` (geometry, engine and version, backend, how the prompts were chosen).
-Files are readable by pyarrow, polars and duckdb without moesim.
+Two optional keys, written only when set (older readers ignore them, so the version stays 1):
+`moesim.provenance`, a JSON object saying where recorded routing came from (source, commit,
+licence, recorder, caveats), and `moesim.groups`, a JSON list of named runs of consecutive
+sequences `{name, first_seq, seqs}` covering every sequence once (e.g. the task each corpus
+came from). Files are readable by pyarrow, polars and duckdb without moesim.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ TRACE_FORMAT_VERSION = 1
 META_FORMAT_KEY = b"moesim.format"
 META_VERSION_KEY = b"moesim.format_version"
 META_JSON_KEY = b"moesim.meta"
+META_PROVENANCE_KEY = b"moesim.provenance"
+META_GROUPS_KEY = b"moesim.groups"
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,15 @@ class TraceGeometry:
 
 
 @dataclass(frozen=True)
+class SequenceGroup:
+    """A named run of consecutive sequences: `seqs` sequences from `first_seq` (e.g. one task's corpus)."""
+
+    name: str
+    first_seq: int
+    seqs: int
+
+
+@dataclass(frozen=True)
 class TraceMeta:
     """Everything a trace says about itself besides the rows."""
 
@@ -102,10 +117,18 @@ class TraceMeta:
     prompts: str = ""
     generator: dict[str, Any] = field(default_factory=dict)
     format_version: int = TRACE_FORMAT_VERSION
+    provenance: dict[str, Any] = field(default_factory=dict)
+    groups: tuple[SequenceGroup, ...] = ()
 
     def to_json(self) -> str:
-        """Canonical JSON (sorted keys) so the same trace always has the same bytes."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Canonical JSON (sorted keys) of `moesim.meta` (without provenance and groups, which have their own keys)."""
+        data = dataclasses.asdict(self)
+        del data["provenance"], data["groups"]
+        return json.dumps(data, sort_keys=True)
+
+    def group_of(self, seq: int) -> str:
+        """The name of the group holding sequence `seq` ('' without groups)."""
+        return next((g.name for g in self.groups if g.first_seq <= seq < g.first_seq + g.seqs), "")
 
     @classmethod
     def from_json(cls, text: str, source: str) -> TraceMeta:
@@ -119,6 +142,45 @@ class TraceMeta:
             raise InputError(f"{source}: schema metadata 'moesim.meta' is malformed ({exc.__class__.__name__}: {exc})") from None
         check_geometry(meta.geometry, source)
         return meta
+
+
+def parse_provenance(text: str, source: str) -> dict[str, Any]:
+    """The `moesim.provenance` JSON: an object."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: schema metadata 'moesim.provenance' is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: schema metadata 'moesim.provenance' must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_groups(text: str, source: str) -> tuple[SequenceGroup, ...]:
+    """The `moesim.groups` JSON: a list of {name, first_seq, seqs}, consecutive from sequence 0, names unique."""
+    try:
+        data = json.loads(text)
+        groups = tuple(SequenceGroup(**item) for item in data)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise InputError(f"{source}: schema metadata 'moesim.groups' must be a list of {{name, first_seq, seqs}} ({exc})") from None
+    check_groups(groups, None, source)
+    return groups
+
+
+def check_groups(groups: tuple[SequenceGroup, ...], n_seqs: int | None, source: str) -> None:
+    """Groups run consecutively from sequence 0 with unique non-empty names (and cover all `n_seqs` when given)."""
+    end = 0
+    for i, g in enumerate(groups):
+        if not isinstance(g.name, str) or not g.name or g.name in {h.name for h in groups[:i]}:
+            raise InputError(f"{source}: metadata field 'groups[{i}].name' must be a unique non-empty string, got {g.name!r}")
+        for key in ("first_seq", "seqs"):
+            value = getattr(g, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "seqs" else 0):
+                raise InputError(f"{source}: metadata field 'groups[{i}].{key}' is {value!r}, expected an integer >= {int(key == 'seqs')}")
+        if g.first_seq != end:
+            raise InputError(f"{source}: metadata field 'groups[{i}].first_seq' is {g.first_seq}, expected {end} (consecutive groups)")
+        end += g.seqs
+    if groups and n_seqs is not None and end != n_seqs:
+        raise InputError(f"{source}: metadata field 'groups' covers {end} sequences, the trace has {n_seqs}")
 
 
 def check_geometry(geometry: TraceGeometry, source: str) -> None:
@@ -156,6 +218,10 @@ def trace_schema(meta: TraceMeta, with_weights: bool, with_tokens: bool) -> pa.S
         META_VERSION_KEY: str(meta.format_version).encode(),
         META_JSON_KEY: meta.to_json().encode(),
     }
+    if meta.provenance:
+        metadata[META_PROVENANCE_KEY] = json.dumps(meta.provenance, sort_keys=True, ensure_ascii=False).encode()
+    if meta.groups:
+        metadata[META_GROUPS_KEY] = json.dumps([dataclasses.asdict(g) for g in meta.groups], sort_keys=True, ensure_ascii=False).encode()
     return pa.schema(fields, metadata=metadata)
 
 
@@ -172,7 +238,12 @@ def meta_from_schema(schema: pa.Schema, source: str) -> TraceMeta:
     if meta.format_version != TRACE_FORMAT_VERSION:
         raise InputError(f"{source}: metadata field 'format_version' is {meta.format_version}, expected {TRACE_FORMAT_VERSION}")
     _check_columns(schema, meta, source)
-    return meta
+    extra: dict[str, Any] = {}
+    if META_PROVENANCE_KEY in metadata:
+        extra["provenance"] = parse_provenance(metadata[META_PROVENANCE_KEY].decode(errors="replace"), source)
+    if META_GROUPS_KEY in metadata:
+        extra["groups"] = parse_groups(metadata[META_GROUPS_KEY].decode(errors="replace"), source)
+    return dataclasses.replace(meta, **extra) if extra else meta
 
 
 def _check_columns(schema: pa.Schema, meta: TraceMeta, source: str) -> None:

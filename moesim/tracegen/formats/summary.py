@@ -29,6 +29,8 @@ class TraceSummary:
     experts_used_per_layer: list[int]
     reuse_per_layer: list[float]
     mean_reuse: float
+    groups: dict[str, int]
+    provenance: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON."""
@@ -57,4 +59,6 @@ def summarize_trace(trace: Trace) -> TraceSummary:
         experts_used_per_layer=experts_used(trace.experts, g.experts).tolist(),
         reuse_per_layer=per_layer_reuse.tolist(),
         mean_reuse=float(np.nanmean(per_layer_reuse)) if np.isfinite(per_layer_reuse).any() else float("nan"),
+        groups={g.name: g.seqs for g in trace.meta.groups},
+        provenance=dict(trace.meta.provenance),
     )

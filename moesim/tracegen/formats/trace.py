@@ -18,9 +18,11 @@ import pyarrow.ipc as ipc
 
 from moesim.atomic import check_writable
 from moesim.errors import InputError, first_line
-from moesim.tracegen.formats.schema import TraceMeta, meta_from_schema, trace_schema
+from moesim.tracegen.formats.builtin import BUILTIN_TRACES, resolve_trace
+from moesim.tracegen.formats.schema import TraceMeta, check_groups, meta_from_schema, trace_schema
 
 DEFAULT_BATCH_ROWS = 1 << 16
+COMPRESSION_LEVELS = {"zstd": 19}  # Arrow IPC buffer codecs a writer may use, at this level; readers decompress transparently
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class TraceWriter:
 
     Use as a context manager. `append` takes whole positions (all MoE layers of each). On an
     exception the temporary file is removed, unless `keep_on_error` is set, in which case the
-    sequences completed so far (`end_sequence`) are kept as a valid trace.
+    sequences completed so far (`end_sequence`) are kept as a valid trace. `compression` (a key
+    of `COMPRESSION_LEVELS`, or None) compresses the record batches' buffers.
     """
 
     def __init__(
@@ -75,9 +78,13 @@ class TraceWriter:
         with_tokens: bool = False,
         batch_rows: int = DEFAULT_BATCH_ROWS,
         keep_on_error: bool = False,
+        compression: str | None = None,
     ) -> None:
         self.path = Path(path)
         check_writable(self.path)
+        if compression is not None and compression not in COMPRESSION_LEVELS:
+            raise InputError(f"{self.path}: unknown trace compression '{compression}' (known: {', '.join(COMPRESSION_LEVELS)})")
+        self.options = ipc.IpcWriteOptions(compression=pa.Codec(compression, COMPRESSION_LEVELS[compression]) if compression else None)
         self.meta = meta
         self.schema = trace_schema(meta, with_weights, with_tokens)
         self.with_weights = with_weights
@@ -95,7 +102,7 @@ class TraceWriter:
 
     def __enter__(self) -> TraceWriter:
         self._sink = pa.OSFile(str(self._tmp), "wb")
-        self._writer = ipc.new_file(self._sink, self.schema)
+        self._writer = ipc.new_file(self._sink, self.schema, options=self.options)
         return self
 
     def append(
@@ -200,9 +207,10 @@ def positions_to_batch(
     return pa.RecordBatch.from_arrays([arrays[f.name] for f in schema], schema=schema)
 
 
-def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
-    """Write an in-memory trace, one sequence at a time."""
-    with TraceWriter(path, trace.meta, trace.weights is not None, trace.token is not None) as writer:
+def write_trace(path: str | os.PathLike[str], trace: Trace, compression: str | None = None) -> None:
+    """Write an in-memory trace, one sequence at a time (its groups checked against its sequences)."""
+    check_groups(trace.meta.groups, trace.n_seqs, str(path))
+    with TraceWriter(path, trace.meta, trace.weights is not None, trace.token is not None, compression=compression) as writer:
         starts = trace.seq_starts
         for i in range(trace.n_seqs):
             a, b = int(starts[i]), int(starts[i + 1])
@@ -223,7 +231,8 @@ def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
 def open_ipc_file(path: Path, what: str = "trace") -> ipc.RecordBatchFileReader:
     """Open an Arrow IPC file (memory-mapped) whose schema decodes; any failure is one InputError line."""
     if not path.is_file():
-        raise InputError(f"{path}: no such {what} file")
+        hint = f" (built-in traces: {', '.join(BUILTIN_TRACES)})" if what == "trace" else ""
+        raise InputError(f"{path}: no such {what} file{hint}")
     try:
         reader = ipc.open_file(pa.memory_map(str(path), "r"))
         _ = reader.schema.names, reader.schema.metadata  # field names and metadata decode (a corrupt file may not)
@@ -233,8 +242,8 @@ def open_ipc_file(path: Path, what: str = "trace") -> ipc.RecordBatchFileReader:
 
 
 def read_meta(path: str | os.PathLike[str]) -> TraceMeta:
-    """Read only a trace's metadata (cheap: the footer and schema)."""
-    path = Path(path)
+    """Read only a trace's metadata (cheap: the footer and schema); a file or a built-in trace by name."""
+    path = resolve_trace(path)
     return meta_from_schema(open_ipc_file(path).schema, str(path))
 
 
@@ -405,13 +414,14 @@ def _rows_to_positions(meta: TraceMeta, rows: _Rows) -> dict[str, np.ndarray | N
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and fully validate a whole trace into memory."""
-    path = Path(path)
+    """Read and fully validate a whole trace into memory (a file, or a built-in trace by name)."""
+    path = resolve_trace(path)
     meta: TraceMeta | None = None
     parts: list[dict[str, np.ndarray | None]] = []
     for meta, rows in _iter_position_runs(path):
         parts.append(_rows_to_positions(meta, rows))
     assert meta is not None
+    check_groups(meta.groups, sum(int(np.count_nonzero(p["pos"] == 0)) for p in parts), str(path))  # type: ignore[arg-type]
 
     def cat(name: str) -> np.ndarray | None:
         if parts[0][name] is None:
@@ -458,7 +468,7 @@ def iter_chunks(path: str | os.PathLike[str], max_pass: int, chunk_positions: in
         else:
             tail = None
 
-    for meta, rows in _iter_position_runs(Path(path)):
+    for meta, rows in _iter_position_runs(resolve_trace(path)):
         positions = _rows_to_positions(meta, rows)
         buffer.append(positions)
         buffered += positions["seq"].shape[0]  # type: ignore[union-attr]

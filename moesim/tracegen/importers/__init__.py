@@ -3,12 +3,16 @@
 Every importer is given the model's geometry (a preset and weight format: ids alone do not say
 which model produced them) and returns a validated in-memory `Trace`:
 
-- `table`: Parquet or CSV, one row per (token, layer, slot) with columns `token` (position in
-  its sequence), `layer` (the model's own layer index; must be a MoE layer), `slot` (0..k-1,
-  router order), `expert`; optional `seq` (default 0), `weight`, `is_prompt`, `token_id`.
-  Sequences are numbered 0, 1, ... in order of their ids; each sequence's positions must be
-  contiguous and are renumbered from 0 (a dump that starts after the prompt keeps its spacing).
-  Every (seq, token) needs every (MoE layer, slot) exactly once.
+- `table`: Parquet, CSV or gzipped CSV (`.csv.gz`), long or wide. Long: one row per (token,
+  layer, slot) with columns `token` (position in its sequence; `pos` is accepted instead),
+  `layer` (the model's own layer index; must be a MoE layer), `slot` (0..k-1, router order),
+  `expert`; optional `weight`. Wide: one row per (token, layer) with the k ids in columns
+  `e0..e{k-1}` (router order), no weights. Both: optional `seq` (default 0), `task` (a string:
+  the corpus a sequence comes from; it becomes the trace's sequence groups), `is_prompt`
+  (default false), `token_id`. Sequences are numbered 0, 1, ... by task in order of first
+  appearance, then by seq id; each sequence's positions must be contiguous and are renumbered
+  from 0 (a dump that starts after the prompt keeps its spacing). Every (seq, token) needs
+  every MoE layer (and slot) exactly once.
 - `hf-logits`: Hugging Face transformers router logits, `.safetensors` or `.npz` with tensors
   `router_logits.0`, `router_logits.1`, ... (the `output_router_logits` tuple, one per MoE
   layer in order), each (tokens, E) or (batch, seq, E), float; optional `input_ids`
@@ -22,20 +26,24 @@ which model produced them) and returns a validated in-memory `Trace`:
   `topk_weights` (same shape), `seq` and `pos` (tokens,), `is_prompt` (tokens,). A folder of
   steps is read in file-name order. Without `pos`, tokens take positions in order of arrival.
 
-`detect_source` picks the importer from the path: `.csv`/`.parquet` → table, `.safetensors` →
-hf-logits, a folder → vllm, `.npz` → by its keys.
+`detect_source` picks the importer from the path: `.csv`/`.csv.gz`/`.parquet` → table,
+`.safetensors` → hf-logits, a folder → vllm, `.npz` → by its keys. Every imported trace records
+the source file's name and sha256 in its provenance, with what a `provenance` object adds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from moesim.errors import InputError
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
 from moesim.tracegen.importers import hf_logits, table, vllm  # noqa: F401 (they register their importers)
-from moesim.tracegen.importers.common import load_arrays
+from moesim.tracegen.importers.common import load_arrays, source_record
 from moesim.tracegen.importers.registry import IMPORTERS
+from moesim.tracegen.importers.table import table_suffix
 
 AUTO = "auto"
 
@@ -45,22 +53,28 @@ def detect_source(path: Path) -> str:
     suffix = path.suffix.lower()
     if path.is_dir():
         return "vllm"
-    if suffix in (".csv", ".parquet"):
+    if table_suffix(path):
         return "table"
     if suffix == ".safetensors":
         return "hf-logits"
     if suffix == ".npz":
         keys = load_arrays(path)
         return "vllm" if "topk_ids" in keys else "hf-logits"
-    raise InputError(f"{path}: cannot tell the routing source from the suffix '{suffix}' (.csv, .parquet, .safetensors, .npz or a folder)")
+    known = ".csv, .csv.gz, .parquet, .safetensors, .npz or a folder"
+    raise InputError(f"{path}: cannot tell the routing source from the suffix '{suffix}' ({known})")
 
 
-def import_routing(path: str | Path, geometry: TraceGeometry, source: str = AUTO, normalize: bool = False) -> Trace:
-    """Import routing from `path` with the named importer (`auto`: from the path)."""
+def import_routing(
+    path: str | Path, geometry: TraceGeometry, source: str = AUTO, normalize: bool = False, provenance: dict[str, Any] | None = None
+) -> Trace:
+    """Import routing from `path` with the named importer (`auto`: from the path); the trace's provenance
+    is `provenance` plus the source file's name and sha256."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file or folder")
     if source != AUTO and source not in IMPORTERS:
         raise InputError(IMPORTERS.unknown(source, AUTO))
     name = detect_source(path) if source == AUTO else source
-    return IMPORTERS.create(name).read(path, geometry, normalize)
+    trace = IMPORTERS.create(name).read(path, geometry, normalize)
+    record = {**(provenance or {}), **source_record(path)}
+    return dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, provenance=record)) if record else trace

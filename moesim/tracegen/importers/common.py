@@ -3,13 +3,16 @@ and reading NumPy / safetensors archives with one-line errors."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moesim.errors import InputError, first_line
-from moesim.tracegen.formats.schema import TraceGeometry, TraceMeta
+from moesim.tracegen.formats.schema import SequenceGroup, TraceGeometry, TraceMeta
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -23,8 +26,23 @@ class Sequence:
     token_id: np.ndarray | None = None
 
 
-def assemble(geometry: TraceGeometry, sequences: list[Sequence], engine: str, source: Path) -> Trace:
-    """The sequences as one validated trace (ids checked against the geometry)."""
+def groups_of(names: list[str]) -> tuple[SequenceGroup, ...]:
+    """Groups of consecutive sequences from each sequence's group name (none when every name is empty)."""
+    if not any(names):
+        return ()
+    groups: list[SequenceGroup] = []
+    for i, name in enumerate(names):
+        if groups and groups[-1].name == name:
+            groups[-1] = SequenceGroup(name, groups[-1].first_seq, groups[-1].seqs + 1)
+        else:
+            groups.append(SequenceGroup(name, i, 1))
+    return tuple(groups)
+
+
+def assemble(
+    geometry: TraceGeometry, sequences: list[Sequence], engine: str, source: Path, groups: tuple[SequenceGroup, ...] = ()
+) -> Trace:
+    """The sequences as one validated trace (ids checked against the geometry), in `groups` when given."""
     if not sequences:
         raise InputError(f"{source}: no routing to import")
     id_type = geometry.expert_id_type.to_pandas_dtype()
@@ -37,7 +55,9 @@ def assemble(geometry: TraceGeometry, sequences: list[Sequence], engine: str, so
         geometry=geometry,
         engine=engine,
         backend="imported",
-        prompts=f"imported from {source.name}: {len(sequences)} sequences",
+        prompts=f"imported from {source.name}: {len(sequences)} sequences"
+        + (f" ({', '.join(f'{g.name}: {g.seqs}' for g in groups)})" if groups else ""),
+        groups=groups,
     )
     return Trace(
         meta=meta,
@@ -78,3 +98,27 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         if exc.__class__.__name__ != "SafetensorError":
             raise
         raise InputError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def read_provenance(path: Path) -> dict[str, Any]:
+    """A provenance JSON object (where imported routing came from), for the trace's metadata."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the provenance file ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not a JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a provenance file holds one JSON object, got {type(data).__name__}")
+    return data
+
+
+def source_record(path: Path) -> dict[str, Any]:
+    """The imported file's name and sha256 (nothing for a folder)."""
+    if not path.is_file():
+        return {}
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"imported_file": path.name, "imported_sha256": digest.hexdigest()}

@@ -78,12 +78,15 @@ def test_batch_lanes_and_windows() -> None:
     assert offsets.source == "offsets" and "fewer than 8 sequences" in offsets.describe()
     assert offsets.starts[0].tolist() == [0, 12, 24, 36, 48, 60, 72, 84] and offsets.length.tolist() == [12, 10, 15, 6]
     group_offsets, first, sizes = batch_windows(lanes, 30)
-    # group 0 (80 rows): offsets 0, 30; group 1 (50 rows): offset 0
+    # group 0 (80 rows): passes at 0, 30; lane 1 starts 40 rows later, wrapped into rows 0..50: 40, 19.
+    # group 1 (50 rows): one pass; lane 1 starts 25 rows later, wrapped into rows 0..20: 4
     assert group_offsets.tolist() == [0, 2, 4, 6]
-    assert first.tolist() == [0, 100, 30, 130, 180, 300] and set(sizes.tolist()) == {30}
+    assert first.tolist() == [0, 140, 30, 119, 180, 304] and set(sizes.tolist()) == {30}
     _, first, _ = batch_windows(lanes, 1, max_batches=3)
     # 130 passes (80 + 50): numbers 0, 64 and 129 = group 0 offset 0, group 0 offset 64, group 1 offset 49
-    assert first.reshape(-1, 2)[:, 0].tolist() == [0, 64, 229]
+    assert first.reshape(-1, 2).tolist() == [[0, 140], [64, 100 + (64 + 40) % 80], [229, 300 + (49 + 25) % 50]]
+    _, first, _ = batch_windows(offsets, 5)  # segments of one sequence: no extra shift
+    assert first[:8].tolist() == [0, 12, 24, 36, 48, 60, 72, 84]
     assert batch_windows(lanes, 81)[0].tolist() == [0]
     with pytest.raises(ValueError):
         batch_lanes(starts, 0)

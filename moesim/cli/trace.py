@@ -33,27 +33,41 @@ TINY_SHAPE = (
 )
 
 
+SYNTH_TOKENS, SYNTH_SEQS = 1024, 1
+
+
 @app.command("synth")
 def trace_synth(
     model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
     out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
-    tokens: Annotated[int, typer.Option(help="Tokens per sequence.")] = 1024,
-    seqs: Annotated[int, typer.Option(help="Number of sequences.")] = 1,
+    tokens: Annotated[int, typer.Option(help="Tokens per sequence.")] = SYNTH_TOKENS,
+    seqs: Annotated[int, typer.Option(help="Number of sequences.")] = SYNTH_SEQS,
+    like: Annotated[Path | None, typer.Option(help="Sequences of the same lengths as this trace (a file or a built-in name).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     uniform: Annotated[bool, typer.Option("--uniform", help="Independent uniform routing.")] = False,
     sticky: Annotated[float | None, typer.Option(help="Keep each expert of the previous token with this probability.")] = None,
     zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (alone: independent tokens; 0 = uniform).")] = 0.0,
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
-    params: Annotated[Path | None, typer.Option(help="Generator parameters (from `trace fit`), mapped onto the preset's layers.")] = None,
+    params: Annotated[
+        Path | None, typer.Option(help="Generator parameters (from `trace fit`, or a built-in name), mapped onto the preset's layers.")
+    ] = None,
 ) -> None:
     """Write a synthetic routing trace for a model preset."""
+    from moesim.errors import InputError
     from moesim.models import load_preset
-    from moesim.tracegen.formats.trace import write_trace
-    from moesim.tracegen.routing.synth import generator_from_options, synthesize
+    from moesim.tracegen.formats.schema import TraceGeometry
+    from moesim.tracegen.formats.trace import read_trace, write_trace
+    from moesim.tracegen.routing.synth import generator_from_options, synthesize, synthesize_layout
 
+    if like is not None and (tokens, seqs) != (SYNTH_TOKENS, SYNTH_SEQS):
+        raise InputError("--like excludes --tokens and --seqs (it takes the trace's sequence lengths)")
     preset = load_preset(model)
     generator = generator_from_options(preset, uniform, sticky, zipf, params, weight_format)
-    trace = synthesize(preset, generator, tokens, seqs, seed, weight_format)
+    if like is None:
+        trace = synthesize(preset, generator, tokens, seqs, seed, weight_format)
+    else:
+        geometry = TraceGeometry.from_preset(preset, weight_format, "synthetic routing")
+        trace = synthesize_layout(geometry, generator, read_trace(like).seq_lengths(), seed)
     write_trace(out, trace)
     console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} tokens, generator {generator.name}")
 
@@ -187,21 +201,30 @@ def trace_import(
 
 @app.command("fit")
 def trace_fit(
-    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC).")],
+    trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC) or a built-in trace name.")],
     out: Annotated[Path, typer.Option(help="Parameter file to write (TOML).")],
+    generator: Annotated[str, typer.Option(help="Generator family to fit: mixture or working-set.")] = "mixture",
+    sequences: Annotated[
+        str, typer.Option(help="Sequences to fit: all, a sequence group of the trace (e.g. law), optionally :even or :odd.")
+    ] = "all",
     seed: Annotated[int, typer.Option(help="Seed of the simulations.")] = 0,
     max_positions: Annotated[int, typer.Option(help="Fit on at most this many positions (first sequences).")] = 1 << 15,
 ) -> None:
-    """Fit the mixture routing generator per MoE layer (for `trace synth --params`)."""
+    """Fit a routing generator per MoE layer by simulated moments (for `trace synth --params`)."""
     from moesim.atomic import check_writable
+    from moesim.tracegen.formats.select import select
     from moesim.tracegen.formats.trace import read_trace
-    from moesim.tracegen.routing.fit import fit_mixture, write_fit
+    from moesim.tracegen.routing.fit import fit_generator
+    from moesim.tracegen.routing.params import write_fit
 
     check_writable(out)
-    source = read_trace(trace)
-    result = fit_mixture(source, seed=seed, max_positions=max_positions)
-    write_fit(out, result, trace, source.meta.geometry)
-    title = f"Mixture routing fitted to {trace} ({result.positions} positions, {result.sequences} sequences)"
-    caption = f"reuse_1 = mean |S_t ∩ S_t+1| / k; share_D = distinct experts in a window of D = {result.far_distances[1]} tokens / (D·k)"
+    source = select(read_trace(trace), sequences)
+    result = fit_generator(source, generator, seed=seed, max_positions=max_positions)
+    write_fit(out, result, trace, source.meta.geometry, sequences)
+    title = f"{generator} routing fitted to {trace} ({sequences}: {result.positions} positions, {result.sequences} sequences)"
+    caption = (
+        f"{result.method()}; popularity = overlap of tokens of different sequences, reuse_d = mean |S_t ∩ S_t+d| / k, "
+        "share_n = distinct experts in a window of n tokens / (n·k); worst_gap = the largest |fitted − source| of a layer's moments"
+    )
     render_table(result.table(source.meta.geometry), title=title, caption=caption)
     console.print(f"wrote {out}")

@@ -9,9 +9,9 @@ Layout as in `moesim.kernels.windows`: `experts` (T, L, K) ids, windows named by
 length. Groups are given flat: windows `group_offsets[g]..group_offsets[g+1]-1` form group g.
 
 Where windows come from:
-- `batch_lanes` + `batch_windows`: B lanes decoding in lockstep, each lane a different sequence
-  of the trace, or (when the trace has fewer than B sequences) B equal segments of one sequence;
-  `BatchLanes.source` says which.
+- `batch_lanes` + `batch_windows`: B lanes decoding together, each lane a different sequence
+  of the trace (staggered: lane b starts a fraction b/B into its sequence), or (when the trace
+  has fewer than B sequences) B equal segments of one sequence; `BatchLanes.source` says which.
 - `speculative_passes`: the windows of real verify passes from per-step accepted counts (a pass
   of k+1 tokens commits accepted+1, the next pass starts there); `sample_accepted_geometric`
   draws the accepted counts for an acceptance rate α with a seed.
@@ -200,9 +200,9 @@ class BatchLanes:
         """One sentence on where the lanes come from."""
         g, b = self.starts.shape
         if self.source == "sequences":
-            text = f"{g} groups of {b} different sequences (lockstep, up to the shortest of each group)"
+            text = f"{g} groups of {b} different sequences (lane b starting b/{b} of the way in, up to the shortest of each group)"
             return text + (f"; {self.unused_sequences} sequences left over" if self.unused_sequences else "")
-        return f"the trace has fewer than {b} sequences: each of its {g} sequences split into {b} equal segments decoding in lockstep"
+        return f"the trace has fewer than {b} sequences: each of its {g} sequences split into {b} equal segments decoding together"
 
 
 def batch_lanes(seq_starts: np.ndarray, batch: int) -> BatchLanes:
@@ -223,9 +223,13 @@ def batch_lanes(seq_starts: np.ndarray, batch: int) -> BatchLanes:
 
 
 def batch_windows(lanes: BatchLanes, n: int, max_batches: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Batch passes of n tokens per lane at lockstep offsets 0, n, 2n, ... of every lane group
-    (consecutive passes, as when every draft is accepted); at most `max_batches`, spread evenly
-    over them. Returns (group_offsets, starts, lengths) for `union_features_many`."""
+    """Batch passes of n tokens per lane: pass i of a group reads rows s_b + i·n of each lane b
+    (consecutive passes, as when every draft is accepted), wrapped into the lane's first L − n + 1
+    rows (L = the group's usable length); lanes of different sequences are staggered, lane b
+    starting ⌊b·L/B⌋ rows in, as a server's requests are at different positions (aligned lanes
+    would line up whatever every sequence shares at the same position, such as a chat template);
+    segments of one sequence are already apart (s_b = 0). At most `max_batches` passes, spread
+    evenly over them. Returns (group_offsets, starts, lengths) for `union_features_many`."""
     if n < 1:
         raise ValueError(f"pass size n must be >= 1, got {n}")
     per_group = np.maximum(lanes.length // n, 0)
@@ -235,7 +239,9 @@ def batch_windows(lanes: BatchLanes, n: int, max_batches: int | None = None) -> 
         keep = np.unique(np.linspace(0, group.size - 1, max_batches).round().astype(np.int64))
         group, offset = group[keep], offset[keep]
     b = lanes.batch
-    starts = (lanes.starts[group] + offset[:, None]).reshape(-1)
+    length = lanes.length[group][:, None]
+    shift = length * np.arange(b)[None, :] // b if lanes.source == "sequences" else np.zeros((1, b), np.int64)
+    starts = (lanes.starts[group] + (offset[:, None] + shift) % (length - n + 1)).reshape(-1)
     return np.arange(0, (group.size + 1) * b, b, dtype=np.int64), starts, np.full(starts.size, n, np.int64)
 
 

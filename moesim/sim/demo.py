@@ -1,7 +1,8 @@
-"""`moesim demo`: the main job on embedded defaults only (a preset and a trace made on the fly).
+"""`moesim demo`: the main job on embedded defaults only (a preset, the built-in real routing
+trace of that model's layout, and a tiny model recorded on the fly).
 
-Each section is a titled polars table; the CLI renders them, and every table is also written
-to the report folder as CSV. Nothing here reaches outside the package.
+Each section is a titled polars table whose caption names its source; the CLI renders them, and
+every table is also written to the report folder as CSV. Nothing here reaches outside the package.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from moesim.atomic import atomic_dir
 from moesim.models import load_preset
 from moesim.sim.cost.passbytes import pass_bytes_table, tokens_per_expert_table
 from moesim.sim.report.page import write_report
-from moesim.tracegen.formats.trace import Trace, write_trace
-from moesim.tracegen.routing.synth import Sticky, synthesize
+from moesim.tracegen.formats.builtin import resolve_trace
+from moesim.tracegen.formats.trace import Trace, read_trace, write_trace
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,8 @@ class DemoConfig:
 
     model: str = "deepseek-v2-lite"
     weight_format: str = "BF16"
-    keep_prob: float = 0.3
-    tokens: int = 1024
-    seqs: int = 4
+    trace: str = "esft-vanilla-lite"  # the built-in real trace of the model's routing layout
+    batch: int = 4
     seed: int = 0
     max_pass: int = 16
     drafter: str = "qwen3-0.6b"
@@ -54,6 +54,18 @@ class DemoResult:
     html_report: Path | None = None
 
 
+def routing_source(trace: Trace) -> str:
+    """One line naming where a trace's routing comes from (for every caption)."""
+    provenance = trace.meta.provenance
+    if "source" in provenance:
+        groups = " and ".join(f"{g.name} ({g.seqs} sequences)" for g in trace.meta.groups)
+        return (
+            f"Routing: real, recorded from {provenance.get('model', trace.meta.geometry.model).split(' (')[0]} on {groups}, "
+            f"{trace.n_tokens:,} tokens; {provenance['source']}, {provenance.get('licence', 'licence unknown').split(' ')[0]} licence."
+        )
+    return f"Routing: {trace.meta.backend}, {trace.meta.prompts}."
+
+
 def _bytes_section(trace: Trace, max_pass: int) -> DemoSection:
     table = (
         pass_bytes_table(trace, max_pass)
@@ -67,13 +79,13 @@ def _bytes_section(trace: Trace, max_pass: int) -> DemoSection:
     return DemoSection(
         key="bytes",
         title=f"Expert bytes per pass, {g.model} {g.weight_format} ({len(g.moe_layers)} MoE layers, top-{g.top_k} of {g.experts})",
-        caption="distinct experts per layer in a window of n tokens (trace vs uniform routing); "
+        caption=f"{routing_source(trace)} Distinct experts per layer in a window of n tokens (trace vs uniform routing); "
         "byte share u(n) = distinct / (n·k) is what dedup reads relative to per-slot",
         table=table,
     )
 
 
-def _speculation_section(config: DemoConfig) -> DemoSection:
+def _speculation_section(config: DemoConfig, trace: Trace) -> DemoSection:
     """Static draft lengths against Cascade at batch 1 on two workloads, simulated on the
     trace-driven step-time model (the demo's trace on the calibrated H200 profile)."""
     from moesim.sim.serving.config import config_from_dict
@@ -83,13 +95,7 @@ def _speculation_section(config: DemoConfig) -> DemoSection:
         {
             "run": {"seed": config.seed, "requests": 8},
             "workload": {"prompt_tokens": 128, "output_tokens": 256},
-            "trace": {
-                "synth": "sticky",
-                "synth_params": {"keep_prob": config.keep_prob},
-                "tokens": config.tokens,
-                "seqs": config.seqs,
-                "seed": config.seed,
-            },
+            "trace": {"path": config.trace},
             "target": {"model": config.model, "weight_format": config.weight_format, "profile": "nvidia-h200", "engine": "best"},
             "drafter": {"kind": "ngram"},
             "cost": {"kind": "steptime"},
@@ -111,21 +117,21 @@ def _speculation_section(config: DemoConfig) -> DemoSection:
         key="speculation",
         title=f"Simulated speculative decoding, {config.model} {config.weight_format} on the H200 profile, batch 1, "
         "n-gram drafter: static k vs Cascade",
-        caption="acceptance α per request ~ Beta(3, 7) (low) or Beta(8, 2) (high); pass times from the step-time model "
-        "on the demo's trace (cheapest expert kernel per pass); speedup = throughput / throughput with speculation off; "
+        caption=f"{routing_source(trace)} Acceptance α per request ~ Beta(3, 7) (low) or Beta(8, 2) (high); pass times from the "
+        "step-time model on that trace (cheapest expert kernel per pass); speedup = throughput / throughput with speculation off; "
         "worst_slowdown = the slowest request's time per output token relative to speculation off (> 1: slower)",
         table=table,
     )
 
 
-def _tokens_per_expert_section(trace: Trace, max_pass: int) -> DemoSection:
-    batch = trace.n_seqs
+def _tokens_per_expert_section(trace: Trace, max_pass: int, batch: int) -> DemoSection:
     return DemoSection(
         key="tokens_per_expert",
         title=f"Tokens per expert per pass: one sequence vs a batch of {batch} sequences",
-        caption="byte_share u(n) = distinct experts / (n·k); slots_per_expert = n·k / mean distinct experts (tokens an expert "
+        caption=f"{routing_source(trace)} "
+        "byte_share u(n) = distinct experts / (n·k); slots_per_expert = n·k / mean distinct experts (tokens an expert "
         "read by a dedup engine serves on average); max_tokens_per_expert = tokens of the busiest expert (mean, p90) per layer; "
-        f"_B{batch}: the union of {batch} sequences' n tokens each (MoESD-style batch verification)",
+        f"_B{batch}: the union of {batch} sequences' n tokens each (MoESD-style batch verification; lanes at staggered positions)",
         table=tokens_per_expert_table(trace, max_pass, batch),
     )
 
@@ -147,7 +153,8 @@ def _profile_section(config: DemoConfig) -> DemoSection:
         key="perslot_vs_dedup_h200",
         title=f"Per-slot vs dedup time of one MoE layer per pass size, {preset.name} {config.weight_format} experts, "
         f"calibrated {profile.device.name} profile",
-        caption=f"uniform routing, mean over 64 seeded samples; dedup = hand-written kernel, dedup_grouped_gemm = torch grouped GEMM; "
+        caption=f"Routing: uniform (independent top-k draws), mean over 64 seeded samples; times: the {profile.device.name} "
+        f"profile calibrated from measurements (data/h200). dedup = hand-written kernel, dedup_grouped_gemm = torch grouped GEMM; "
         "r = BW_dedup / BW_per_slot = u·T_per_slot / T_dedup, dedup faster where u < r; held-out ε (p90): "
         f"per_slot {100 * per_slot.epsilon:.0f} %, dedup {100 * dedup.epsilon:.0f} %",
         table=table,
@@ -200,7 +207,8 @@ def _recorded_section() -> DemoSection:
         key="recorded",
         title=f"Routing recorded through llama.cpp: {spec.model_name}, built on the fly "
         f"({trace.n_seqs} prompts, {trace.n_tokens} positions, top-{spec.top_k} of {spec.experts})",
-        caption=f"recorded at {result.tokens_per_s:.0f} positions/s with routing capture; reuse_d1 = mean |S_t ∩ S_t+1| / k; "
+        caption=f"Routing: recorded now through llama.cpp from a random-weight tiny model on {len(DEMO_PROMPTS)} demo prompts, "
+        f"at {result.tokens_per_s:.0f} positions/s with routing capture; reuse_d1 = mean |S_t ∩ S_t+1| / k; "
         "distinct_nN = mean distinct experts in a window of N tokens (uniform routing for comparison)",
         table=table,
     )
@@ -231,7 +239,8 @@ def _best_draft_section(trace: Trace, config: DemoConfig) -> DemoSection:
     return DemoSection(
         key="best_draft_h200",
         title=f"Best draft length and speedup over plain decoding, {preset.name} on the calibrated H200 profile, drafter {config.drafter}",
-        caption="engine per_slot, or best (the cheapest kernel family at each pass size); interval from the families' held-out ε. "
+        caption=f"{routing_source(trace)} "
+        "Engine per_slot, or best (the cheapest kernel family at each pass size); interval from the families' held-out ε. "
         "Staircase " + "; ".join(staircases),
         table=pl.DataFrame(columns),
     )
@@ -255,16 +264,12 @@ context = [512]
 weight_format = "{weight_format}"
 
 [[routing]]
-name = "sticky-{keep_prob}"
-generator = "sticky"
-params = {{ keep_prob = {keep_prob} }}
-tokens = {tokens}
-seqs = {seqs}
-seed = {seed}
+name = "{trace}"
+trace = "{trace}"  # the built-in real trace, by name
 """
 
 
-def _sweep_section(config: DemoConfig, folder: Path) -> DemoSection:
+def _sweep_section(config: DemoConfig, trace: Trace, folder: Path) -> DemoSection:
     """A sweep beyond the measured grid (issue 8) on the demo's model and routing: sweep.toml and sweep.parquet in `folder`."""
     from moesim.sim.report.page import best_draft_summary
     from moesim.sim.sweep.config import load_config
@@ -277,7 +282,8 @@ def _sweep_section(config: DemoConfig, folder: Path) -> DemoSection:
         key="sweep",
         title=f"Sweep: {summary.points:,} (α, k) points of {config.model} on the calibrated H200 profile, batch 1-64, "
         f"drafter {config.drafter}",
-        caption=f"{summary.units} units in {summary.elapsed_s:.1f} s; best draft length k* and speedup at three α per engine and batch "
+        caption=f"{routing_source(trace)} "
+        f"{summary.units} units in {summary.elapsed_s:.1f} s; best draft length k* and speedup at three α per engine and batch "
         "size B (B sequences verified together); all rows in sweep.parquet, plots in report/index.html",
         table=best_draft_summary(pl.read_parquet(summary.out)),
     )
@@ -285,18 +291,19 @@ def _sweep_section(config: DemoConfig, folder: Path) -> DemoSection:
 
 def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
     """Build the demo's inputs on the fly, compute every section, write the report folder."""
-    preset = load_preset(config.model)
-    trace = synthesize(preset, Sticky(keep_prob=config.keep_prob), config.tokens, config.seqs, config.seed, config.weight_format)
+    trace = read_trace(config.trace)
     result = DemoResult(out_dir=out_dir)
     result.sections.append(_bytes_section(trace, config.max_pass))
-    result.sections.append(_tokens_per_expert_section(trace, config.max_pass))
+    result.sections.append(_tokens_per_expert_section(trace, config.max_pass, config.batch))
     result.sections.append(_profile_section(config))
     result.sections.append(_best_draft_section(trace, config))
     result.sections.append(_recorded_section())
-    result.sections.append(_speculation_section(config))
+    result.sections.append(_speculation_section(config, trace))
     with atomic_dir(out_dir) as staging:
-        write_trace(staging / "trace.arrow", trace)
-        result.sections.append(_sweep_section(config, staging))
+        write_trace(staging / "trace.arrow", trace, compression="zstd")  # the routing the tables used, with its provenance
+        for licence in sorted(resolve_trace(config.trace).parent.glob("LICENSE*")):  # a copy of a shipped trace keeps its notice
+            (staging / licence.name).write_bytes(licence.read_bytes())
+        result.sections.append(_sweep_section(config, trace, staging))
         for section in result.sections:
             section.table.write_csv(staging / f"{section.key}.csv")
         write_report([staging / "sweep.parquet"], staging / "report")

@@ -144,6 +144,19 @@ class TraceMeta:
         return meta
 
 
+def groups_of(names: list[str]) -> tuple[SequenceGroup, ...]:
+    """Groups of consecutive sequences from each sequence's group name (none when every name is empty)."""
+    if not any(names):
+        return ()
+    groups: list[SequenceGroup] = []
+    for i, name in enumerate(names):
+        if groups and groups[-1].name == name:
+            groups[-1] = SequenceGroup(name, groups[-1].first_seq, groups[-1].seqs + 1)
+        else:
+            groups.append(SequenceGroup(name, i, 1))
+    return tuple(groups)
+
+
 def parse_provenance(text: str, source: str) -> dict[str, Any]:
     """The `moesim.provenance` JSON: an object."""
     try:

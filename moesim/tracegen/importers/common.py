@@ -26,19 +26,6 @@ class Sequence:
     token_id: np.ndarray | None = None
 
 
-def groups_of(names: list[str]) -> tuple[SequenceGroup, ...]:
-    """Groups of consecutive sequences from each sequence's group name (none when every name is empty)."""
-    if not any(names):
-        return ()
-    groups: list[SequenceGroup] = []
-    for i, name in enumerate(names):
-        if groups and groups[-1].name == name:
-            groups[-1] = SequenceGroup(name, groups[-1].first_seq, groups[-1].seqs + 1)
-        else:
-            groups.append(SequenceGroup(name, i, 1))
-    return tuple(groups)
-
-
 def assemble(
     geometry: TraceGeometry, sequences: list[Sequence], engine: str, source: Path, groups: tuple[SequenceGroup, ...] = ()
 ) -> Trace:

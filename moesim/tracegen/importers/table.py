@@ -10,9 +10,9 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError, first_line
-from moesim.tracegen.formats.schema import TraceGeometry
+from moesim.tracegen.formats.schema import TraceGeometry, groups_of
 from moesim.tracegen.formats.trace import Trace
-from moesim.tracegen.importers.common import Sequence, assemble, groups_of
+from moesim.tracegen.importers.common import Sequence, assemble
 from moesim.tracegen.importers.registry import IMPORTERS
 
 TABLE_SUFFIXES = (".csv", ".csv.gz", ".parquet")

@@ -1,108 +1,129 @@
-"""Fit the `mixture` routing generator to a trace, per MoE layer, and save/load parameter files.
+"""Fit a routing generator to a trace, per MoE layer, by the method of simulated moments.
 
-Method of simulated moments: six statistics per layer, each governed mainly by one parameter,
+Each fittable family has a table of moment ↔ parameter pairs (`FAMILIES`): every parameter is
+matched to the one statistic it mainly governs, for every layer at once. Statistics per layer:
 
 - `popularity`: the mean overlap |S_a ∩ S_b| / K of tokens from *different* sequences, which
-  only the global popularity sets ← the Zipf exponent s (one sequence only: the normalised
-  entropy of its expert frequencies, and δ = 0, since a lone sequence's favourites cannot be
-  told from global skew);
-- `share_far`: the distinct experts in a window of D tokens / (D·K) (D = 16, or a quarter of the
-  median sequence length, at least 6) ← the sequence dispersion δ (a sequence with favourite
-  experts uses fewer of them);
-- `reuse_d`, the overlap |S_t ∩ S_t+d| / K, d = 1..4 ← the lag-d keep probability.
+  only the global popularity sets (one sequence only: the normalised entropy of its expert
+  frequencies, and δ = 0, since a lone sequence's favourites cannot be told from global skew);
+- `reuse_d`: the overlap |S_t ∩ S_t+d| / K of tokens d apart in one sequence;
+- `share_n`: the distinct experts in a window of n tokens / (n·K) (windows inside a sequence).
+
+`mixture`: popularity ← Zipf exponent s, share_D ← dispersion δ (D = 16, or a quarter of the
+median sequence length, at least 6), reuse_d ← keep_prob (d = 1) and keep_prob_d (d = 2..4).
+Lags 2..4 are freed only for layers where one-lag stickiness misses reuse at d = 2..4 by more
+than a point (parsimony: free lags trade off against q1 and δ).
+`working-set`: popularity ← s, reuse_1 ← keep_prob q, share_4 ← working_use p, share_16 ←
+working_persist ρ, share_N ← δ (N = the largest of 64, 48, 32 that at least a quarter of the
+sequences reach); W is fixed (6).
 
 Each statistic is matched by simulating the generator on the source's own sequence layout (same
 lengths, so finite-sample effects such as few sequences are reproduced), on `replicates` copies
 of it to reduce noise, with common random numbers (each layer draws from its own seed): one
-parameter at a time for all layers, by a bracketing search (Illinois regula falsi) started from
-closed-form approximations, in Gauss-Seidel rounds until every moment of every layer is within
-3·tol. Lags 2..4 are fitted only for layers where one-lag stickiness misses reuse at d = 2..4 by
-more than 1 point (parsimony: free lags trade off against q1 and δ). Traces longer than
-`max_positions` are fitted on their first sequences up to that many positions.
-
-Parameter files are TOML: `generator` and its per-layer parameters under `[params]`, the source
-and the matched moments under `[source]` and `[fit]`. Parameters of a trace with L MoE layers
-are mapped onto a preset with another number of MoE layers by relative depth (linear
-interpolation), so a fitted trace can drive studies of models no one has traced.
+parameter at a time for all layers, by a bracketing search (Illinois regula falsi) from start
+values, in Gauss-Seidel rounds until every moment of every layer is within 3·tol. Traces longer
+than `max_positions` are fitted on their first sequences up to that many positions.
+Parameter files: `moesim.tracegen.routing.params`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from moesim.atomic import write_text_atomic
 from moesim.errors import InputError
 from moesim.kernels.locality import mean_distinct_experts, reuse
-from moesim.tomlfile import read_toml
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
-from moesim.tracegen.routing.synth import GENERATORS, Mixture, RoutingGenerator, make_generator
+from moesim.tracegen.routing.synth import Mixture, RoutingGenerator, WorkingSet
 
-PARAMS_FORMAT = "moesim-routing-params"
-PARAMS_FORMAT_VERSION = 1
 LAGS = 4
 ZIPF_RANGE = (0.0, 3.0)
 LOG_DISPERSION_RANGE = (-3.0, 3.0)  # δ = 10^u; the lower end stands for "no dispersion" (δ = 0)
 KEEP_LIMIT = 0.98  # |keep probabilities| of a layer sum to at most this
 MIN_POSITIONS_SIMULATED = 16384
+LAG_GAP = 0.01  # mixture: lags 2..4 are fitted where one-lag stickiness misses reuse_2..4 by more than this
 
 
 @dataclass(frozen=True)
-class RoutingMoments:
-    """Per-layer statistics a fit matches."""
+class MomentPair:
+    """A moment matched by a parameter: `moment` rises with `parameter` when `increasing`; the
+    search starts at `start` with a bracket of ± `width` inside [low, high]; `log10`: the fitted
+    column is log10 of the value, its lower end standing for 0."""
 
-    popularity: np.ndarray  # (L,) cross-sequence overlap, or normalised entropy for one sequence
-    reuse_far: np.ndarray  # (L,) mean overlap over the far distances (start values only)
-    reuse: np.ndarray  # (L, LAGS) overlap at d = 1..LAGS
-    share_far: np.ndarray  # (L,) distinct experts in a window of D tokens / (D·K)
+    moment: str
+    parameter: str
+    increasing: bool
+    width: float
+    low: float
+    high: float
+    start: float = 0.0
+    log10: bool = False
 
-    def as_columns(self) -> np.ndarray:
-        """(L, 2 + LAGS): popularity, share_far, reuse_1..reuse_LAGS (the order of the parameters)."""
-        return np.column_stack([self.popularity, self.share_far, self.reuse])
+    def values(self, column: np.ndarray) -> tuple[float, ...]:
+        """The generator's per-layer values from the fitted column."""
+        if self.log10:
+            column = np.where(column <= self.low, 0.0, 10.0**column)
+        return tuple(float(v) for v in column)
 
 
 @dataclass(frozen=True)
-class FitResult:
-    """A fitted generator with the moments it matched."""
+class FitFamily:
+    """How a generator family is fitted: its pairs for a source layout (several sequences or one),
+    the values it keeps fixed, the parameters freed only where the base fit misses their moment by
+    more than LAG_GAP, and an optional closed-form start."""
 
-    generator: Mixture
-    source: RoutingMoments
-    fitted: RoutingMoments
-    far_distances: tuple[int, int]
-    positions: int
-    sequences: int
+    generator: type
+    pairs: Callable[[np.ndarray, bool], tuple[MomentPair, ...]]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    optional: tuple[str, ...] = ()
+    start: Callable[[np.ndarray, np.ndarray, TraceGeometry, bool], np.ndarray] | None = None
 
-    def table(self, geometry: TraceGeometry) -> pl.DataFrame:
-        """Per MoE layer: the fitted parameters and the source's and the fit's reuse and share at D."""
-        g = self.generator
-        return pl.DataFrame(
-            {
-                "layer": list(geometry.moe_layers),
-                "keep_prob": list(g.keep_prob),  # type: ignore[arg-type]
-                "keep_prob_2..4": [list(v) for v in zip(g.keep_prob_2, g.keep_prob_3, g.keep_prob_4, strict=True)],  # type: ignore[arg-type]
-                "zipf_exponent": list(g.zipf_exponent),  # type: ignore[arg-type]
-                "seq_dispersion": list(g.seq_dispersion),  # type: ignore[arg-type]
-                "reuse_1_source": self.source.reuse[:, 0],
-                "reuse_1_fitted": self.fitted.reuse[:, 0],
-                "share_D_source": self.source.share_far,
-                "share_D_fitted": self.fitted.share_far,
-            }
-        )
+    def make(self, pairs: tuple[MomentPair, ...], x: np.ndarray) -> RoutingGenerator:
+        """The generator of parameter rows x (one column per pair)."""
+        values = {p.parameter: p.values(x[:, j]) for j, p in enumerate(pairs)}
+        return self.generator(**{**self.fixed, **values})
 
 
 def far_window(seq_starts: np.ndarray) -> tuple[int, int]:
-    """The far distances (5, D) and window D: D = median sequence length / 4, within 6..16."""
+    """The mixture's far distances (5, D) and window D: D = median sequence length / 4, within 6..16."""
     median = float(np.median(np.diff(seq_starts)))
     return LAGS + 1, int(min(16, max(LAGS + 2, median // 4)))
+
+
+def long_window(seq_starts: np.ndarray) -> int:
+    """The largest of 64, 48, 32 (else 16) that at least a quarter of the sequences reach."""
+    lengths = np.diff(seq_starts)
+    return next((n for n in (64, 48, 32) if (lengths >= n).mean() >= 0.25), 16)
+
+
+def _mixture_pairs(seq_starts: np.ndarray, several: bool) -> tuple[MomentPair, ...]:
+    pairs = [MomentPair("popularity", "zipf_exponent", several, 0.15, *ZIPF_RANGE)]  # one sequence: entropy falls with s
+    if several:
+        pairs.append(MomentPair(f"share_{far_window(seq_starts)[1]}", "seq_dispersion", False, 0.4, *LOG_DISPERSION_RANGE, log10=True))
+    names = ("keep_prob", *(f"keep_prob_{d}" for d in range(2, LAGS + 1)))
+    return (*pairs, *(MomentPair(f"reuse_{d}", name, True, 0.05, -KEEP_LIMIT, KEEP_LIMIT) for d, name in enumerate(names, 1)))
+
+
+def _working_set_pairs(seq_starts: np.ndarray, several: bool) -> tuple[MomentPair, ...]:
+    pairs = [
+        MomentPair("popularity", "zipf_exponent", several, 0.15, *ZIPF_RANGE, start=0.5),
+        MomentPair("reuse_1", "keep_prob", True, 0.05, 0.0, KEEP_LIMIT, start=0.1),
+        MomentPair("share_4", "working_use", False, 0.1, 0.0, 1.0, start=0.3),
+        MomentPair("share_16", "working_persist", False, 0.05, 0.0, 0.999, start=0.9),
+    ]
+    if several:
+        pairs.append(MomentPair(f"share_{long_window(seq_starts)}", "seq_dispersion", False, 0.4, *LOG_DISPERSION_RANGE, -1.0, True))
+    return tuple(pairs)
+
+
+# ---- statistics -----------------------------------------------------------------------------
 
 
 def normalized_entropy(experts: np.ndarray, n_experts: int) -> np.ndarray:
@@ -130,17 +151,34 @@ def cross_sequence_overlap(experts: np.ndarray, seq_starts: np.ndarray, n_expert
     return pairs / (n_seqs * (n_seqs - 1) * k)
 
 
-def routing_moments(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, far: tuple[int, int], blocks: int = 1) -> RoutingMoments:
-    """The fitted statistics; the popularity one is averaged over `blocks` equal replicate blocks."""
-    overlaps = reuse(experts, seq_starts, n_experts, far[1])
+def _popularity(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, blocks: int) -> np.ndarray:
+    """Cross-sequence overlap (entropy for one sequence), averaged over `blocks` equal replicate blocks."""
     n_seqs = (len(seq_starts) - 1) // blocks
     parts = []
     for i in range(blocks):
         starts = seq_starts[i * n_seqs : (i + 1) * n_seqs + 1]
         rows = experts[starts[0] : starts[-1]]
         parts.append(cross_sequence_overlap(rows, starts - starts[0], n_experts) if n_seqs > 1 else normalized_entropy(rows, n_experts))
-    share = mean_distinct_experts(experts, seq_starts, n_experts, far[1])[:, -1] / (far[1] * experts.shape[2])
-    return RoutingMoments(np.mean(parts, axis=0), overlaps[:, far[0] - 1 : far[1]].mean(axis=1), overlaps[:, :LAGS], share)
+    return np.mean(parts, axis=0)
+
+
+def routing_moments(names: list[str], experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, blocks: int = 1) -> np.ndarray:
+    """The named statistics per layer, shape (L, len(names)) (see the module docstring)."""
+    k = experts.shape[2]
+    sizes = [int(n.split("_")[1]) for n in names if n.startswith("share_")]
+    lags = [int(n.split("_")[1]) for n in names if n.startswith("reuse_")]
+    distinct = mean_distinct_experts(experts, seq_starts, n_experts, max(sizes)) if sizes else None
+    overlaps = reuse(experts, seq_starts, n_experts, max(lags)) if lags else None
+    columns = []
+    for name in names:
+        kind, _, size = name.partition("_")
+        if kind == "popularity":
+            columns.append(_popularity(experts, seq_starts, n_experts, blocks))
+        elif kind == "share":
+            columns.append(distinct[:, int(size) - 1] / (int(size) * k))  # type: ignore[index]
+        else:
+            columns.append(overlaps[:, int(size) - 1])  # type: ignore[index]
+    return np.column_stack(columns)
 
 
 def _replicated(seq_starts: np.ndarray, copies: int) -> np.ndarray:
@@ -157,33 +195,7 @@ def _clip_source(trace: Trace, max_positions: int) -> tuple[np.ndarray, np.ndarr
     return trace.experts[:end], starts[: keep + 1].copy()
 
 
-def _generator(x: np.ndarray) -> Mixture:
-    """The mixture of parameter rows x = (s, log10 δ, q1..q4) per layer."""
-    dispersion = np.where(x[:, 1] <= LOG_DISPERSION_RANGE[0], 0.0, 10.0 ** x[:, 1])
-    keep = [tuple(float(v) for v in x[:, 2 + i]) for i in range(LAGS)]
-    return Mixture(keep[0], tuple(float(v) for v in x[:, 0]), tuple(float(v) for v in dispersion), *keep[1:])
-
-
-class _Simulator:
-    """Simulated moments of the mixture on a fixed layout with common random numbers."""
-
-    def __init__(self, geometry: TraceGeometry, seq_starts: np.ndarray, far: tuple[int, int], replicates: int, seed: int) -> None:
-        self.geometry = geometry
-        self.layout = _replicated(seq_starts, replicates)
-        self.far = far
-        self.replicates = replicates
-        self.seed = seed
-
-    def __call__(self, x: np.ndarray, layers: np.ndarray | None = None) -> RoutingMoments:
-        """Moments of the given layers (default: all) for parameter rows x; each layer draws from
-        its own seed, so its moments do not depend on which other layers are simulated with it."""
-        g = self.geometry
-        layers = np.arange(len(g.moe_layers)) if layers is None else layers
-        ids = []
-        for i in layers:
-            one = dataclasses.replace(g, moe_layers=(g.moe_layers[i],))
-            ids.append(_generator(x[i : i + 1]).generate_layout(one, self.layout, self.seed * 1_000_003 + int(i))[:, 0, :])
-        return routing_moments(np.stack(ids, axis=1), self.layout, g.experts, self.far, self.replicates)
+# ---- the mixture's closed-form start --------------------------------------------------------
 
 
 def _zipf_weights(n_experts: int, exponents: np.ndarray) -> np.ndarray:
@@ -192,28 +204,64 @@ def _zipf_weights(n_experts: int, exponents: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=1, keepdims=True)
 
 
-def initial_guess(source: RoutingMoments, geometry: TraceGeometry, several: bool) -> np.ndarray:
-    """Start rows (s, log10 δ, q1..q4) from independent-draw approximations: cross-sequence overlap
-    ≈ K·Σπ², plateau ≈ K·E[Σθ²] = K(Σπ²·c + 1)/(c + 1) with c = E/δ, and
-    reuse_d ≈ plateau + (1 − plateau)·q_d."""
+def _mixture_start(experts: np.ndarray, seq_starts: np.ndarray, geometry: TraceGeometry, several: bool) -> np.ndarray:
+    """Start rows (s, [log10 δ], q1, 0, 0, 0) from independent-draw approximations: cross-sequence
+    overlap ≈ K·Σπ², plateau ≈ K·E[Σθ²] = K(Σπ²·c + 1)/(c + 1) with c = E/δ (the plateau is the
+    mean reuse at distances 5..D), and reuse_1 ≈ plateau + (1 − plateau)·q1."""
     e, k = geometry.experts, geometry.top_k
+    near, far = far_window(seq_starts)
+    overlaps = reuse(experts, seq_starts, e, far)
+    reuse_far, reuse_1 = overlaps[:, near - 1 : far].mean(axis=1), overlaps[:, 0]
     grid = np.linspace(*ZIPF_RANGE, 301)
     weights = _zipf_weights(e, grid)
+    popularity = _popularity(experts, seq_starts, e, 1)
+    columns = []
     if several:
-        zipf = np.interp(source.popularity, k * (weights**2).sum(axis=1), grid)
-        cross = k * (_zipf_weights(e, zipf) ** 2).sum(axis=1)
-        excess = source.reuse_far - cross
-        c = (k - source.reuse_far) / np.maximum(excess, 1e-12)
+        zipf = np.interp(popularity, k * (weights**2).sum(axis=1), grid)
+        excess = reuse_far - k * (_zipf_weights(e, zipf) ** 2).sum(axis=1)
+        c = (k - reuse_far) / np.maximum(excess, 1e-12)
         log_dispersion = np.where(excess > 1e-9, np.log10(e / np.maximum(c, 1e-12)), LOG_DISPERSION_RANGE[0])
+        columns += [np.clip(zipf, *ZIPF_RANGE), np.clip(log_dispersion, *LOG_DISPERSION_RANGE)]
     else:
         entropy = -(weights * np.log(weights)).sum(axis=1) / math.log(e)
-        zipf = np.interp(-source.popularity, -entropy, grid)
-        log_dispersion = np.full_like(zipf, LOG_DISPERSION_RANGE[0])
-    plateau = source.reuse_far[:, None]
-    keep = (source.reuse - plateau) / np.maximum(1 - plateau, 1e-9)
-    keep *= np.minimum(1.0, KEEP_LIMIT / np.maximum(np.abs(keep).sum(axis=1, keepdims=True), 1e-12))
-    x = np.column_stack([np.clip(zipf, *ZIPF_RANGE), np.clip(log_dispersion, *LOG_DISPERSION_RANGE), keep])
-    return np.nan_to_num(x)
+        columns.append(np.clip(np.interp(-popularity, -entropy, grid), *ZIPF_RANGE))
+    keep = np.clip((reuse_1 - reuse_far) / np.maximum(1 - reuse_far, 1e-9), -KEEP_LIMIT, KEEP_LIMIT)
+    return np.nan_to_num(np.column_stack([*columns, keep, np.zeros((keep.shape[0], LAGS - 1))]))
+
+
+MIXTURE_LAGS = tuple(f"keep_prob_{d}" for d in range(2, LAGS + 1))
+FAMILIES: dict[str, FitFamily] = {
+    "mixture": FitFamily(Mixture, _mixture_pairs, {"seq_dispersion": 0.0}, MIXTURE_LAGS, _mixture_start),
+    "working-set": FitFamily(WorkingSet, _working_set_pairs, {"seq_dispersion": 0.0, "working_set": 6}),
+}
+
+
+# ---- the search -----------------------------------------------------------------------------
+
+
+class _Simulator:
+    """Simulated moments of a family on a fixed layout with common random numbers."""
+
+    def __init__(
+        self, family: FitFamily, pairs: tuple[MomentPair, ...], geometry: TraceGeometry, seq_starts: np.ndarray, replicates: int, seed: int
+    ) -> None:
+        self.family, self.pairs, self.geometry = family, pairs, geometry
+        self.names = [p.moment for p in pairs]
+        self.layout = _replicated(seq_starts, replicates)
+        self.replicates = replicates
+        self.seed = seed
+
+    def __call__(self, x: np.ndarray, layers: np.ndarray | None = None) -> np.ndarray:
+        """Moments (len(layers), M) of the given layers (default: all) for parameter rows x; each layer
+        draws from its own seed, so its moments do not depend on which other layers are simulated with it."""
+        g = self.geometry
+        layers = np.arange(len(g.moe_layers)) if layers is None else layers
+        ids = []
+        for i in layers:
+            one = dataclasses.replace(g, moe_layers=(g.moe_layers[i],))
+            generator = self.family.make(self.pairs, x[i : i + 1])
+            ids.append(generator.generate_layout(one, self.layout, self.seed * 1_000_003 + int(i))[:, 0, :])  # type: ignore[attr-defined]
+        return routing_moments(self.names, np.stack(ids, axis=1), self.layout, g.experts, self.replicates)
 
 
 def _solve(
@@ -267,51 +315,23 @@ def _solve(
     return x
 
 
-WIDTHS = np.array([0.15, 0.4] + [0.05] * LAGS)  # first brackets around the start values
-INCREASING = (True, False, *([True] * LAGS))  # each moment against its parameter
-LAG_GAP = 0.01  # lags 2..4 are fitted where one-lag stickiness misses reuse_2..4 by more than this
-
-
-def fit_mixture(
-    trace: Trace, seed: int = 0, replicates: int = 0, max_positions: int = 1 << 15, rounds: int = 6, tol: float = 1e-3
-) -> FitResult:
-    """Fit per-layer (s, δ, q1..q4) of the mixture generator to a trace by simulated moments; rounds
-    repeat over the layers whose moments are not all within 3·tol of the source's."""
-    g = trace.meta.geometry
-    experts, starts = _clip_source(trace, max_positions)
-    far = far_window(starts)
-    source = routing_moments(experts, starts, g.experts, far)
-    if not np.isfinite(source.as_columns()).all():
-        raise InputError(f"trace of {g.model}: fitting needs sequences longer than {far[1]} positions (the far overlap)")
-    simulate = _Simulator(g, starts, far, replicates or max(1, math.ceil(MIN_POSITIONS_SIMULATED / int(starts[-1]))), seed)
-    several = len(starts) > 2
-    x = initial_guess(source, g, several)
-    x[:, 3:] = 0.0
-    targets = source.as_columns()
-    fitting = _GaussSeidel(simulate, targets, several, tol, rounds)
-    base = [0, 1, 2] if several else [0, 2]
-    fitted = fitting.run(x, base, np.ones(x.shape[0], bool))
-    # lags 2..LAGS only where one-lag stickiness leaves the short range off by more than LAG_GAP
-    needs_lags = (np.abs(fitted.as_columns() - targets)[:, 3:] > LAG_GAP).any(axis=1)
-    if needs_lags.any():
-        fitted = fitting.run(x, [*base, *range(3, 2 + LAGS)], needs_lags)
-    return FitResult(_rounded_generator(x), source, fitted, far, int(starts[-1]), len(starts) - 1)
-
-
 class _GaussSeidel:
     """Rounds of one-parameter solves (in place on x) until every fitted moment is within 3·tol."""
 
-    def __init__(self, simulate: _Simulator, targets: np.ndarray, several: bool, tol: float, rounds: int) -> None:
-        self.simulate, self.targets, self.several, self.tol, self.rounds = simulate, targets, several, tol, rounds
+    def __init__(self, simulate: _Simulator, targets: np.ndarray, tol: float, rounds: int) -> None:
+        self.simulate, self.targets, self.tol, self.rounds = simulate, targets, tol, rounds
+        self.pairs = simulate.pairs
 
     def _bounds(self, x: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
-        if j < 2:
-            low, high = (ZIPF_RANGE, LOG_DISPERSION_RANGE)[j]
-            return np.full(x.shape[0], low), np.full(x.shape[0], high)
-        room = KEEP_LIMIT - (np.abs(x[:, 2:]).sum(axis=1) - np.abs(x[:, j]))
-        return -room, room
+        pair = self.pairs[j]
+        low, high = np.full(x.shape[0], pair.low), np.full(x.shape[0], pair.high)
+        if not pair.parameter.startswith("keep_prob"):
+            return low, high
+        keeps = [i for i, p in enumerate(self.pairs) if p.parameter.startswith("keep_prob")]
+        room = KEEP_LIMIT - (np.abs(x[:, keeps]).sum(axis=1) - np.abs(x[:, j]))  # the keep probabilities share KEEP_LIMIT
+        return np.maximum(low, -room), np.minimum(high, room)
 
-    def run(self, x: np.ndarray, params: list[int], layers: np.ndarray) -> RoutingMoments:
+    def run(self, x: np.ndarray, params: list[int], layers: np.ndarray) -> np.ndarray:
         """Solve the parameters `params` of the masked layers; returns the moments of all layers."""
         open_layers = layers.copy()
         fitted = self.simulate(x)
@@ -321,122 +341,88 @@ class _GaussSeidel:
                 def evaluate(values: np.ndarray, idx: np.ndarray, j: int = j) -> np.ndarray:
                     trial = x.copy()
                     trial[:, j] = values
-                    return self.simulate(trial, idx).as_columns()[:, j]
+                    return self.simulate(trial, idx)[:, j]
 
-                increasing = INCREASING[j] if j else self.several  # one sequence: entropy falls with s
-                x[:, j] = _solve(
-                    evaluate, self.targets[:, j], x[:, j], *self._bounds(x, j), WIDTHS[j], increasing, self.tol, 10, open_layers
-                )
+                pair = self.pairs[j]
+                bounds = self._bounds(x, j)
+                x[:, j] = _solve(evaluate, self.targets[:, j], x[:, j], *bounds, pair.width, pair.increasing, self.tol, 10, open_layers)
             fitted = self.simulate(x)
-            gap = np.abs(fitted.as_columns() - self.targets)[:, params]
+            gap = np.abs(fitted - self.targets)[:, params]
             open_layers = layers & (gap > 3 * self.tol).any(axis=1)
             if not open_layers.any():
                 break
         return fitted
 
 
-def _rounded_generator(x: np.ndarray) -> Mixture:
-    """The fitted generator with every value to 6 significant digits (a stable parameter file)."""
-    generator = _generator(x)
-    return Mixture(**{f.name: _rounded(np.asarray(getattr(generator, f.name))) for f in dataclasses.fields(Mixture)})
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted generator with the pairs it matched and their moments (source and fitted, (L, M))."""
+
+    generator: RoutingGenerator
+    pairs: tuple[MomentPair, ...]
+    source: np.ndarray
+    fitted: np.ndarray
+    positions: int
+    sequences: int
+
+    def table(self, geometry: TraceGeometry) -> pl.DataFrame:
+        """Per MoE layer: the fitted parameters and the largest gap between a fitted and a source moment
+        (every moment of both is in the parameter file)."""
+        columns: dict[str, Any] = {"layer": list(geometry.moe_layers)}
+        for pair in self.pairs:
+            columns[pair.parameter] = [round(v, 4) for v in getattr(self.generator, pair.parameter)]
+        columns["worst_gap"] = np.abs(self.fitted - self.source).max(axis=1)
+        return pl.DataFrame(columns)
+
+    def method(self) -> str:
+        """The pairs in words."""
+        return "simulated moments: " + ", ".join(f"{p.moment} <- {p.parameter}" for p in self.pairs)
 
 
-def _rounded(values: np.ndarray) -> tuple[float, ...]:
-    return tuple(float(f"{v:.6g}") for v in values)
+def fit_generator(
+    trace: Trace,
+    family: str = "mixture",
+    seed: int = 0,
+    replicates: int = 0,
+    max_positions: int = 1 << 15,
+    rounds: int = 6,
+    tol: float = 1e-3,
+) -> FitResult:
+    """Fit the per-layer parameters of a generator family (a key of FAMILIES) to a trace by simulated
+    moments; rounds repeat over the layers whose moments are not all within 3·tol of the source's."""
+    if family not in FAMILIES:
+        raise InputError(f"routing generator '{family}' cannot be fitted (fittable: {', '.join(FAMILIES)})")
+    spec = FAMILIES[family]
+    g = trace.meta.geometry
+    experts, starts = _clip_source(trace, max_positions)
+    several = len(starts) > 2
+    pairs = spec.pairs(starts, several)
+    longest = max(int(p.moment.split("_")[1]) for p in pairs if p.moment != "popularity")
+    targets = routing_moments([p.moment for p in pairs], experts, starts, g.experts)
+    if not np.isfinite(targets).all():
+        raise InputError(f"trace of {g.model}: fitting '{family}' needs sequences longer than {longest} positions")
+    replicates = replicates or max(1, math.ceil(MIN_POSITIONS_SIMULATED / int(starts[-1])))
+    simulate = _Simulator(spec, pairs, g, starts, replicates, seed)
+    n_layers = experts.shape[1]
+    x = spec.start(experts, starts, g, several) if spec.start else np.tile([p.start for p in pairs], (n_layers, 1)).astype(np.float64)
+    fitting = _GaussSeidel(simulate, targets, tol, rounds)
+    optional = [j for j, p in enumerate(pairs) if p.parameter in spec.optional]
+    base = [j for j in range(len(pairs)) if j not in optional]
+    fitted = fitting.run(x, base, np.ones(n_layers, bool))
+    if optional:  # freed only where the base fit misses their moments
+        needs = (np.abs(fitted - targets)[:, optional] > LAG_GAP).any(axis=1)
+        if needs.any():
+            fitted = fitting.run(x, base + optional, needs)
+    return FitResult(_rounded(spec, pairs, x), pairs, targets, fitted, int(starts[-1]), len(starts) - 1)
 
 
-# ---- parameter files ------------------------------------------------------------------------
+def fit_mixture(trace: Trace, **options: Any) -> FitResult:
+    """`fit_generator` for the mixture."""
+    return fit_generator(trace, "mixture", **options)
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, float):
-        return repr(float(value)) if math.isfinite(value) else '"nan"'
-    return str(value)
-
-
-def params_toml(generator: RoutingGenerator, source: dict[str, Any], fit: dict[str, Any]) -> str:
-    """A parameter file's text."""
-    lines = [
-        "# Routing-generator parameters for `moesim trace synth --params` (written by `moesim trace fit`).",
-        f"format = {_toml_value(PARAMS_FORMAT)}",
-        f"format_version = {PARAMS_FORMAT_VERSION}",
-        f"generator = {_toml_value(generator.name)}",
-        "",
-        "[params]  # one value per MoE layer of the source, or one for all",
-    ]
-    lines += [f"{name} = {_toml_value(value)}" for name, value in dataclasses.asdict(generator).items()]  # type: ignore[call-overload]
-    for title, table in (("source", source), ("fit", fit)):
-        if table:
-            lines += ["", f"[{title}]"] + [f"{name} = {_toml_value(value)}" for name, value in table.items()]
-    return "\n".join(lines) + "\n"
-
-
-def write_fit(path: str | Path, result: FitResult, trace_path: str | Path, geometry: TraceGeometry) -> None:
-    """Save a fit as a parameter file (atomically)."""
-    trace_path = Path(trace_path)
-    source = {
-        "trace": trace_path.name,
-        "sha256": hashlib.sha256(trace_path.read_bytes()).hexdigest() if trace_path.is_file() else "",
-        "model": geometry.model,
-        "experts": geometry.experts,
-        "top_k": geometry.top_k,
-        "moe_layers": list(geometry.moe_layers),
-        "positions": result.positions,
-        "sequences": result.sequences,
-    }
-    popularity = "cross-sequence overlap" if result.sequences > 1 else "normalised entropy"
-    fit: dict[str, Any] = {
-        "method": f"simulated moments: {popularity} <- zipf_exponent, distinct experts per window of D tokens <- seq_dispersion, "
-        f"reuse at d <- keep_prob (d = 1) and keep_prob_d (d = 2..{LAGS})",
-        "window_D": result.far_distances[1],
-    }
-    for name, column in (("popularity", 0), ("share_far", 1), *((f"reuse_{d}", 1 + d) for d in range(1, LAGS + 1))):
-        fit[f"{name}_source"] = _rounded(result.source.as_columns()[:, column])
-        fit[f"{name}_fitted"] = _rounded(result.fitted.as_columns()[:, column])
-    write_text_atomic(path, params_toml(result.generator, source, fit))
-
-
-def _interpolate(value: Any, n_layers: int) -> Any:
-    """Per-layer values onto n_layers by relative depth (linear); scalars stay scalars."""
-    if not isinstance(value, (list, tuple)):
-        return value
-    values = np.asarray(value, np.float64)
-    if values.shape[0] == n_layers:
-        return tuple(values.tolist())
-    if values.shape[0] == 1:
-        return float(values[0])
-    depth_from = np.linspace(0.0, 1.0, values.shape[0])
-    depth_to = np.linspace(0.0, 1.0, n_layers) if n_layers > 1 else np.array([0.5])
-    return tuple(np.interp(depth_to, depth_from, values).tolist())
-
-
-def load_params(path: str | Path, geometry: TraceGeometry) -> RoutingGenerator:
-    """A generator from a parameter file, its per-layer values mapped onto the geometry's MoE layers."""
-    path = Path(path)
-    data = read_toml(path, "parameter")
-    if data.get("format") != PARAMS_FORMAT:
-        raise InputError(f"{path}: key 'format' is {data.get('format')!r}, expected {PARAMS_FORMAT!r}")
-    if data.get("format_version") != PARAMS_FORMAT_VERSION:
-        raise InputError(f"{path}: key 'format_version' is {data.get('format_version')!r}, this moesim reads {PARAMS_FORMAT_VERSION}")
-    name = data.get("generator")
-    if name not in GENERATORS:
-        raise InputError(f"{path}: key 'generator': {GENERATORS.unknown(name)}")
-    params = data.get("params", {})
-    if not isinstance(params, dict):
-        raise InputError(f"{path}: key 'params' must be a table")
-    for key, value in params.items():
-        if isinstance(value, list) and (not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-            raise InputError(f"{path}: key 'params.{key}' must be a number or a non-empty list of numbers")
-    n_layers = len(geometry.moe_layers)
-    try:
-        generator = make_generator(name, **{k: _interpolate(v, n_layers) for k, v in params.items()})
-        generator.generate(geometry, 2, 1, 0)  # checks every parameter against the geometry
-    except (InputError, TypeError) as exc:
-        raise InputError(f"{path}: {exc}") from None
-    return generator
+def _rounded(spec: FitFamily, pairs: tuple[MomentPair, ...], x: np.ndarray) -> RoutingGenerator:
+    """The fitted generator with every fitted value to 6 significant digits (a stable parameter file)."""
+    generator = spec.make(pairs, x)
+    rounded = {p.parameter: tuple(float(f"{v:.6g}") for v in getattr(generator, p.parameter)) for p in pairs}
+    return dataclasses.replace(generator, **rounded)  # type: ignore[type-var]

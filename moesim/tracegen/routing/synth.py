@@ -2,8 +2,9 @@
 
 A generator draws, for every sequence and MoE layer, the top-k expert sets of consecutive
 tokens. Adding one is adding one class with `@GENERATORS.register`: a frozen dataclass with a
-`name` and a `generate(geometry, tokens, seqs, seed)` method returning ids of shape
-(seqs * tokens, moe_layers, top_k).
+`name`, a `generate_layout(geometry, seq_starts, seed)` method returning ids of shape
+(positions, moe_layers, top_k) for sequences of any lengths, and `generate(geometry, tokens,
+seqs, seed)`, the same for `seqs` sequences of `tokens` positions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class RoutingGenerator(Protocol):
 
     def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
         """Expert ids, shape (seqs * tokens, len(moe_layers), top_k), in the smallest id type."""
+        ...
+
+    def generate_layout(self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int) -> np.ndarray:
+        """The same for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
         ...
 
 
@@ -183,34 +188,55 @@ def zipf_popularity(n_experts: int, exponent: float, rng: np.random.Generator) -
     return weights[rng.permutation(n_experts)] / weights.sum()
 
 
+class _MixtureCase:
+    """A generator that is a special case of the mixture (`as_mixture`)."""
+
+    def as_mixture(self, n_layers: int) -> Mixture:
+        """The equivalent mixture (its parameters checked for `n_layers` MoE layers)."""
+        raise NotImplementedError
+
+    def generate_layout(self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int) -> np.ndarray:
+        """Ids for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
+        return self.as_mixture(len(geometry.moe_layers)).generate_layout(geometry, seq_starts, seed)
+
+    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
+        """The mixture's draws; same seed, same ids."""
+        return self.generate_layout(geometry, equal_layout(tokens, seqs), seed)
+
+
+def _plain_mixture(keep_prob: float | tuple[float, ...], zipf_exponent: float | tuple[float, ...]) -> Mixture:
+    """One-lag stickiness and a Zipf popularity, nothing else."""
+    return Mixture(keep_prob, zipf_exponent, 0.0, 0.0, 0.0, 0.0)
+
+
 @GENERATORS.register
 @dataclass(frozen=True)
-class Uniform:
+class Uniform(_MixtureCase):
     """Independent uniform top-k sets: P(expert in a token's set) = K/E for every token."""
 
     name: ClassVar[str] = "uniform"
 
-    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
+    def as_mixture(self, n_layers: int) -> Mixture:
         """Uniform routing is the mixture with q = 0, flat popularity and no sequence dispersion."""
-        return Mixture(keep_prob=0.0, zipf_exponent=0.0, seq_dispersion=0.0).generate(geometry, tokens, seqs, seed)
+        return _plain_mixture(0.0, 0.0)
 
 
 @GENERATORS.register
 @dataclass(frozen=True)
-class Zipf:
+class Zipf(_MixtureCase):
     """Independent tokens, experts drawn by a per-layer Zipf popularity ∝ rank^-exponent."""
 
     name: ClassVar[str] = "zipf"
     exponent: float | tuple[float, ...] = 1.0
 
-    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
+    def as_mixture(self, n_layers: int) -> Mixture:
         """The mixture with q = 0 and no sequence dispersion."""
-        return Mixture(keep_prob=0.0, zipf_exponent=self.exponent, seq_dispersion=0.0).generate(geometry, tokens, seqs, seed)
+        return _plain_mixture(0.0, self.exponent)
 
 
 @GENERATORS.register
 @dataclass(frozen=True)
-class Sticky:
+class Sticky(_MixtureCase):
     """Each of token t+1's experts is kept from token t with probability `keep_prob` (per layer or
     one value), else drawn by popularity (Zipf with `zipf_exponent` per layer; 0 = uniform)."""
 
@@ -218,11 +244,10 @@ class Sticky:
     keep_prob: float | tuple[float, ...] = 0.3
     zipf_exponent: float | tuple[float, ...] = 0.0
 
-    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
-        """The mixture without sequence dispersion; same seed, same ids."""
-        _per_layer("keep_prob", self.keep_prob, len(geometry.moe_layers), 0.0, 1.0)
-        mixture = Mixture(keep_prob=self.keep_prob, zipf_exponent=self.zipf_exponent, seq_dispersion=0.0)
-        return mixture.generate(geometry, tokens, seqs, seed)
+    def as_mixture(self, n_layers: int) -> Mixture:
+        """The mixture without sequence dispersion (keep probabilities in [0, 1])."""
+        _per_layer("keep_prob", self.keep_prob, n_layers, 0.0, 1.0)
+        return _plain_mixture(self.keep_prob, self.zipf_exponent)
 
 
 @GENERATORS.register
@@ -234,17 +259,17 @@ class Mixture:
     expert instead (the anti-correlation of looping tiny models); `zipf_exponent` s (global
     popularity π ∝ rank^-s); `seq_dispersion` δ (each sequence draws its own popularity
     θ ~ Dirichlet(π·E/δ); δ = 0: θ = π). With q1 only, overlap at distance d ≈ plateau +
-    (1 − plateau)·q1^d, the plateau rising with δ and s. The defaults give 38/32/31/31% at
-    d = 1..4 for top-8 of 128 experts, within 1.5 points of the published 38.1/32.9/30.1/29.9%
-    (docs/routing.md)."""
+    (1 − plateau)·q1^d, the plateau rising with δ and s. The defaults are the median over the 26
+    MoE layers of the fit to both tasks of the built-in real trace `esft-vanilla-lite`
+    (docs/tracing.md; per-layer values in its parameter file `esft-vanilla-lite-mixture`)."""
 
     name: ClassVar[str] = "mixture"
-    keep_prob: float | tuple[float, ...] = 0.13
-    zipf_exponent: float | tuple[float, ...] = 0.0
-    seq_dispersion: float | tuple[float, ...] = 6.0
-    keep_prob_2: float | tuple[float, ...] = 0.0
-    keep_prob_3: float | tuple[float, ...] = 0.0
-    keep_prob_4: float | tuple[float, ...] = 0.0
+    keep_prob: float | tuple[float, ...] = 0.164
+    zipf_exponent: float | tuple[float, ...] = 0.561
+    seq_dispersion: float | tuple[float, ...] = 0.211
+    keep_prob_2: float | tuple[float, ...] = 0.043
+    keep_prob_3: float | tuple[float, ...] = 0.066
+    keep_prob_4: float | tuple[float, ...] = 0.021
 
     def parameters(self, n_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-layer keep probabilities (L, 4) by lag, Zipf exponents (L,), dispersions (L,), checked."""
@@ -274,6 +299,144 @@ class Mixture:
         return self.generate_layout(geometry, equal_layout(tokens, seqs), seed)
 
 
+@numba.njit(cache=True)
+def _draw_fresh(cum: np.ndarray, log_mass: np.ndarray, excluded: np.ndarray) -> int:
+    """One expert not in `excluded`, in proportion to θ: rejection up to MAX_MISSES, then exactly."""
+    n_experts = cum.shape[0]
+    for _ in range(MAX_MISSES):
+        e = min(np.searchsorted(cum, np.random.random() * cum[-1], side="right"), n_experts - 1)
+        if not excluded[e]:
+            return e
+    return _draw_unchosen(log_mass, excluded)
+
+
+@numba.njit(cache=True)
+def _working_set_routing(
+    seq_starts: np.ndarray,
+    k: int,
+    keep_prob: np.ndarray,
+    cum_popularity: np.ndarray,
+    dispersion: np.ndarray,
+    working_set: int,
+    working_use: np.ndarray,
+    working_persist: np.ndarray,
+    seed: int,
+) -> np.ndarray:
+    """Per sequence and layer: θ ~ Dirichlet(π·E/δ) as in the mixture, and a context of W distinct
+    experts drawn from θ; before every token after the first, each context member is replaced with
+    probability 1 − ρ by a θ-draw outside the context. Token t takes each context member (in a
+    random order) with probability p, while slots remain; then slot j copies slot j of token t − 1
+    with probability q (if not taken yet); the remaining slots are drawn without repeats from θ."""
+    np.random.seed(seed)
+    n_layers, n_experts = cum_popularity.shape
+    out = np.empty((seq_starts[-1], n_layers, k), np.int64)
+    chosen = np.zeros(n_experts, np.bool_)
+    in_context = np.zeros(n_experts, np.bool_)
+    context = np.empty(max(working_set, 1), np.int64)
+    cum_seq = np.empty(n_experts)
+    log_mass = np.empty(n_experts)
+    for s in range(seq_starts.shape[0] - 1):
+        a = seq_starts[s]
+        b = seq_starts[s + 1]
+        for layer in range(n_layers):
+            cum = cum_popularity[layer]
+            if dispersion[layer] > 0.0:
+                _sequence_popularity(cum, dispersion[layer], log_mass, cum_seq)
+                cum = cum_seq
+            else:
+                for e in range(n_experts):
+                    share = cum[e] - (cum[e - 1] if e > 0 else 0.0)
+                    log_mass[e] = np.log(share) if share > 0.0 else -np.inf
+            for i in range(working_set):
+                context[i] = _draw_fresh(cum, log_mass, in_context)
+                in_context[context[i]] = True
+            for t in range(a, b):
+                if t > a:
+                    for i in range(working_set):
+                        if np.random.random() >= working_persist[layer]:
+                            e = _draw_fresh(cum, log_mass, in_context)
+                            in_context[context[i]] = False
+                            in_context[e] = True
+                            context[i] = e
+                for i in range(working_set):  # a random order of the context
+                    j = i + np.random.randint(0, working_set - i)
+                    context[i], context[j] = context[j], context[i]
+                filled = 0
+                for i in range(working_set):
+                    if filled < k and np.random.random() < working_use[layer]:
+                        chosen[context[i]] = True
+                        out[t, layer, filled] = context[i]
+                        filled += 1
+                if t > a:
+                    for j in range(k):
+                        if filled >= k:
+                            break
+                        if np.random.random() < keep_prob[layer]:
+                            e = out[t - 1, layer, j]
+                            if not chosen[e]:
+                                chosen[e] = True
+                                out[t, layer, filled] = e
+                                filled += 1
+                while filled < k:
+                    e = _draw_fresh(cum, log_mass, chosen)
+                    chosen[e] = True
+                    out[t, layer, filled] = e
+                    filled += 1
+                for j in range(k):
+                    chosen[out[t, layer, j]] = False
+            for i in range(working_set):
+                in_context[context[i]] = False
+    return out
+
+
+@GENERATORS.register
+@dataclass(frozen=True)
+class WorkingSet:
+    """A slowly drifting working set on top of per-sequence popularity: what real routing does
+    (reuse decays over tens of tokens and bursts run longer than pairwise stickiness gives). Per
+    layer: `zipf_exponent` s and `seq_dispersion` δ as in the mixture (θ ~ Dirichlet(π·E/δ) per
+    sequence); a context of `working_set` W experts drawn from θ, each replaced before a token
+    with probability 1 − `working_persist` ρ; each token takes every context member with
+    probability `working_use` p, copies each slot of the previous token with probability
+    `keep_prob` q, and draws the rest from θ. p = 0 gives the one-lag mixture. The defaults are
+    the median over the 26 MoE layers of the fit to both tasks of the built-in real trace
+    `esft-vanilla-lite` (docs/tracing.md; per-layer values in its parameter file
+    `esft-vanilla-lite-working-set`)."""
+
+    name: ClassVar[str] = "working-set"
+    zipf_exponent: float | tuple[float, ...] = 0.569
+    seq_dispersion: float | tuple[float, ...] = 0.201
+    keep_prob: float | tuple[float, ...] = 0.122
+    working_use: float | tuple[float, ...] = 0.251
+    working_persist: float | tuple[float, ...] = 0.923
+    working_set: int = 6
+
+    def parameters(self, n_layers: int, n_experts: int) -> tuple[np.ndarray, ...]:
+        """Per-layer s, δ, q, p, ρ (checked) and the context size W."""
+        if not isinstance(self.working_set, int) or isinstance(self.working_set, bool) or not 0 <= self.working_set < n_experts:
+            raise InputError(f"generator parameter 'working_set' must be an integer in 0..{n_experts - 1}, got {self.working_set!r}")
+        return (
+            _per_layer("zipf_exponent", self.zipf_exponent, n_layers, 0.0, 10.0),
+            _per_layer("seq_dispersion", self.seq_dispersion, n_layers, 0.0, 1e6),
+            _per_layer("keep_prob", self.keep_prob, n_layers, 0.0, 1.0),
+            _per_layer("working_use", self.working_use, n_layers, 0.0, 1.0),
+            _per_layer("working_persist", self.working_persist, n_layers, 0.0, 1.0),
+        )
+
+    def generate_layout(self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int) -> np.ndarray:
+        """Ids for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
+        exponents, dispersion, keep, use, persist = self.parameters(len(geometry.moe_layers), geometry.experts)
+        rng = np.random.default_rng(seed)
+        popularity = np.cumsum(np.stack([zipf_popularity(geometry.experts, float(x), rng) for x in exponents]), axis=1)
+        starts = np.asarray(seq_starts, np.int64)
+        ids = _working_set_routing(starts, geometry.top_k, keep, popularity, dispersion, self.working_set, use, persist, seed)
+        return ids.astype(geometry.expert_id_type.to_pandas_dtype())
+
+    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
+        """Draw with the Numba kernel; same seed, same ids."""
+        return self.generate_layout(geometry, equal_layout(tokens, seqs), seed)
+
+
 def make_generator(name: str, **params: Any) -> RoutingGenerator:
     """A registered generator by name with its parameters."""
     return GENERATORS.create(name, **params)
@@ -291,21 +454,29 @@ def synthesize(
     geometry = TraceGeometry.from_preset(preset, weight_format, "synthetic routing")
     if tokens < 1 or seqs < 1:
         raise InputError(f"a synthetic trace needs tokens >= 1 and seqs >= 1, got tokens={tokens}, seqs={seqs}")
+    return synthesize_layout(geometry, generator, np.full(seqs, tokens), seed)
+
+
+def synthesize_layout(geometry: TraceGeometry, generator: RoutingGenerator, lengths: np.ndarray, seed: int) -> Trace:
+    """A synthetic trace of sequences of the given lengths (e.g. a recorded trace's, to compare like with like)."""
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.size < 1 or lengths.min() < 1:
+        raise InputError("a synthetic trace needs at least one sequence of at least one token")
     params = {"name": generator.name, **dataclasses.asdict(generator), "seed": seed}  # type: ignore[call-overload]
+    same = lengths.min() == lengths.max()
     meta = TraceMeta(
         geometry=geometry,
         engine="moesim-synth",
         backend="synthetic",
-        prompts=f"{seqs} synthetic sequences of {tokens} tokens",
+        prompts=f"{lengths.size} synthetic sequences of {lengths[0] if same else f'{lengths.min()}-{lengths.max()}'} tokens",
         generator=params,
     )
-    experts = generator.generate(geometry, tokens, seqs, seed)
-    n = seqs * tokens
+    experts = generator.generate_layout(geometry, np.concatenate([[0], np.cumsum(lengths)]), seed)
     return Trace(
         meta=meta,
-        seq=np.repeat(np.arange(seqs, dtype=np.uint32), tokens),
-        pos=np.tile(np.arange(tokens, dtype=np.uint32), seqs),
-        is_prompt=np.zeros(n, bool),
+        seq=np.repeat(np.arange(lengths.size, dtype=np.uint32), lengths),
+        pos=np.concatenate([np.arange(n, dtype=np.uint32) for n in lengths]),
+        is_prompt=np.zeros(int(lengths.sum()), bool),
         experts=experts,
     )
 
@@ -325,7 +496,7 @@ def generator_from_options(
     if uniform and zipf:
         raise InputError("--uniform and --zipf exclude each other")
     if params is not None:
-        from moesim.tracegen.routing.fit import load_params  # the fit builds on the generators
+        from moesim.tracegen.routing.params import load_params  # parameter files build on the generators
 
         if uniform or sticky is not None or zipf:
             raise InputError("--params excludes --uniform, --sticky and --zipf")

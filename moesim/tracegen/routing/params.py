@@ -1,0 +1,136 @@
+"""Routing-generator parameter files: written by `moesim trace fit`, read by `trace synth --params`.
+
+TOML: `format = "moesim-routing-params"`, version 1, `generator` and its parameters under
+`[params]` (one value per MoE layer of the source, or one for all), the source trace under
+`[source]` and the matched moments under `[fit]`. Parameters of a trace with L MoE layers are
+mapped onto a preset with another number of MoE layers by relative depth (linear
+interpolation), so a fitted trace can drive studies of models no one has traced. Built-in
+parameter files (`BUILTIN_PARAMS`, fitted to the built-in real trace) are named like files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moesim.atomic import write_text_atomic
+from moesim.errors import InputError
+from moesim.tomlfile import read_toml
+from moesim.tracegen.formats.builtin import builtin_data_dir, resolve_trace
+from moesim.tracegen.formats.schema import TraceGeometry
+from moesim.tracegen.routing.fit import FitResult
+from moesim.tracegen.routing.synth import GENERATORS, RoutingGenerator, make_generator
+
+PARAMS_FORMAT = "moesim-routing-params"
+PARAMS_FORMAT_VERSION = 1
+BUILTIN_PARAMS = {
+    "esft-vanilla-lite-working-set": "esft-vanilla-lite/working-set.params.toml",
+    "esft-vanilla-lite-mixture": "esft-vanilla-lite/mixture.params.toml",
+}
+
+
+def resolve_params(name_or_path: str | Path) -> Path:
+    """A built-in parameter file by name, else the path."""
+    text = str(name_or_path)
+    if text in BUILTIN_PARAMS and not Path(text).exists():
+        return builtin_data_dir() / BUILTIN_PARAMS[text]
+    return Path(name_or_path)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(float(value)) if math.isfinite(value) else '"nan"'
+    return str(value)
+
+
+def params_toml(generator: RoutingGenerator, source: dict[str, Any], fit: dict[str, Any]) -> str:
+    """A parameter file's text."""
+    lines = [
+        "# Routing-generator parameters for `moesim trace synth --params` (written by `moesim trace fit`).",
+        f"format = {_toml_value(PARAMS_FORMAT)}",
+        f"format_version = {PARAMS_FORMAT_VERSION}",
+        f"generator = {_toml_value(generator.name)}",
+        "",
+        "[params]  # one value per MoE layer of the source, or one for all",
+    ]
+    lines += [f"{name} = {_toml_value(value)}" for name, value in dataclasses.asdict(generator).items()]  # type: ignore[call-overload]
+    for title, table in (("source", source), ("fit", fit)):
+        if table:
+            lines += ["", f"[{title}]"] + [f"{name} = {_toml_value(value)}" for name, value in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _rounded(values: np.ndarray) -> tuple[float, ...]:
+    return tuple(float(f"{v:.6g}") for v in values)
+
+
+def write_fit(path: str | Path, result: FitResult, trace_path: str | Path, geometry: TraceGeometry, selection: str = "") -> None:
+    """Save a fit as a parameter file (atomically); `selection` says which sequences of the trace were fitted."""
+    file = resolve_trace(trace_path)
+    source = {
+        "trace": Path(trace_path).name,
+        "sha256": hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else "",
+        "sequences_fitted": selection or "all",
+        "model": geometry.model,
+        "experts": geometry.experts,
+        "top_k": geometry.top_k,
+        "moe_layers": list(geometry.moe_layers),
+        "positions": result.positions,
+        "sequences": result.sequences,
+    }
+    fit: dict[str, Any] = {"method": result.method()}
+    for j, pair in enumerate(result.pairs):
+        fit[f"{pair.moment}_source"] = _rounded(result.source[:, j])
+        fit[f"{pair.moment}_fitted"] = _rounded(result.fitted[:, j])
+    write_text_atomic(path, params_toml(result.generator, source, fit))
+
+
+def _interpolate(value: Any, n_layers: int) -> Any:
+    """Per-layer values onto n_layers by relative depth (linear); scalars stay scalars."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    values = np.asarray(value, np.float64)
+    if values.shape[0] == n_layers:
+        return tuple(values.tolist())
+    if values.shape[0] == 1:
+        return float(values[0])
+    depth_from = np.linspace(0.0, 1.0, values.shape[0])
+    depth_to = np.linspace(0.0, 1.0, n_layers) if n_layers > 1 else np.array([0.5])
+    return tuple(np.interp(depth_to, depth_from, values).tolist())
+
+
+def load_params(path: str | Path, geometry: TraceGeometry) -> RoutingGenerator:
+    """A generator from a parameter file (or a built-in one by name), its per-layer values mapped onto the geometry's MoE layers."""
+    path = resolve_params(path)
+    data = read_toml(path, "parameter")
+    if data.get("format") != PARAMS_FORMAT:
+        raise InputError(f"{path}: key 'format' is {data.get('format')!r}, expected {PARAMS_FORMAT!r}")
+    if data.get("format_version") != PARAMS_FORMAT_VERSION:
+        raise InputError(f"{path}: key 'format_version' is {data.get('format_version')!r}, this moesim reads {PARAMS_FORMAT_VERSION}")
+    name = data.get("generator")
+    if name not in GENERATORS:
+        raise InputError(f"{path}: key 'generator': {GENERATORS.unknown(name)}")
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        raise InputError(f"{path}: key 'params' must be a table")
+    for key, value in params.items():
+        if isinstance(value, list) and (not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise InputError(f"{path}: key 'params.{key}' must be a number or a non-empty list of numbers")
+    n_layers = len(geometry.moe_layers)
+    try:
+        generator = make_generator(name, **{k: _interpolate(v, n_layers) for k, v in params.items()})
+        generator.generate(geometry, 2, 1, 0)  # checks every parameter against the geometry
+    except (InputError, TypeError) as exc:
+        raise InputError(f"{path}: {exc}") from None
+    return generator

@@ -44,7 +44,7 @@ CASES = (
     ("all", "law", "shipped on one task"),
 )
 FLOORS = (("intent", "law"), ("law", "intent"), ("intent:even", "intent:odd"), ("law:even", "law:odd"))
-GROUPS = ("1 | 2-3 | 4-26", "thirds", "all layers")
+GROUPS = ("1, 2-3, 4-26", "thirds", "all layers")
 
 
 def _row(generator: str, fitted: str, judged: str, kind: str, v: Verdict) -> str:

@@ -211,3 +211,18 @@ def test_malformed_groups_metadata_is_one_line(groups: str, fragment: str, tmp_p
     with pytest.raises(InputError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         read_trace(bad)
     assert_one_line_error(*cli("trace", "info", bad)[::2], "bad.arrow")
+
+
+def test_synth_like_the_real_trace_with_the_shipped_fit(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "ws.arrow"
+    args = ("trace", "synth", "--model", "deepseek-v2-lite", "--params", "esft-vanilla-lite-working-set", "--like", "esft-vanilla-lite")
+    code, _, err = cli(*args, "--out", out)
+    assert code == 0, err
+    synthetic, real = read_trace(out), read_trace("esft-vanilla-lite")
+    assert np.array_equal(synthetic.seq_lengths(), real.seq_lengths()) and synthetic.meta.generator["name"] == "working-set"
+    assert_one_line_error(*cli(*args, "--tokens", 5, "--out", tmp_path / "x.arrow")[::2], "--like excludes --tokens")
+    for extra, fragment in ((("--sequences", "code"), "no sequence group 'code' (known: all, intent, law"),
+                            (("--generator", "sticky"), "'sticky' cannot be fitted (fittable: mixture, working-set)")):  # fmt: skip
+        code, _, err = cli("trace", "fit", "esft-vanilla-lite", *extra, "--out", tmp_path / "p.toml")
+        assert_one_line_error(code, err, fragment)
+    assert not (tmp_path / "p.toml").exists() and not (tmp_path / "x.arrow").exists()

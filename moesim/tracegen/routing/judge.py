@@ -106,7 +106,7 @@ def routing_stats(trace: Trace, seed: int = 0, max_window: int = MAX_WINDOW) -> 
 
 LAYER_GROUPINGS = {
     "per layer": None,
-    "1 | 2-3 | 4-26": ((0,), (1, 2), tuple(range(3, 26))),
+    "1, 2-3, 4-26": ((0,), (1, 2), tuple(range(3, 26))),
     "thirds": (tuple(range(0, 9)), tuple(range(9, 18)), tuple(range(18, 26))),
     "all layers": (tuple(range(26)),),
 }

@@ -94,6 +94,19 @@ def _sequence_popularity(cum: np.ndarray, dispersion: float, log_mass: np.ndarra
 
 
 @numba.njit(cache=True)
+def _layer_popularity(cum: np.ndarray, dispersion: float, log_mass: np.ndarray, cum_seq: np.ndarray) -> np.ndarray:
+    """A sequence's cumulative popularity in one layer: θ drawn into cum_seq when δ > 0, else π
+    itself; log_mass holds log θ (or log π) for exact draws among the unchosen."""
+    if dispersion > 0.0:
+        _sequence_popularity(cum, dispersion, log_mass, cum_seq)
+        return cum_seq
+    for e in range(cum.shape[0]):
+        share = cum[e] - (cum[e - 1] if e > 0 else 0.0)
+        log_mass[e] = np.log(share) if share > 0.0 else -np.inf
+    return cum
+
+
+@numba.njit(cache=True)
 def _mixture_routing(
     seq_starts: np.ndarray, n_layers: int, k: int, keep_prob: np.ndarray, cum_popularity: np.ndarray, dispersion: np.ndarray, seed: int
 ) -> np.ndarray:
@@ -114,14 +127,7 @@ def _mixture_routing(
         a = seq_starts[s]
         b = seq_starts[s + 1]
         for layer in range(n_layers):
-            cum = cum_popularity[layer]
-            if dispersion[layer] > 0.0:
-                _sequence_popularity(cum, dispersion[layer], log_mass, cum_seq)
-                cum = cum_seq
-            else:
-                for e in range(n_experts):
-                    share = cum[e] - (cum[e - 1] if e > 0 else 0.0)
-                    log_mass[e] = np.log(share) if share > 0.0 else -np.inf
+            cum = _layer_popularity(cum_popularity[layer], dispersion[layer], log_mass, cum_seq)
             for t in range(a, b):
                 filled = 0
                 barred = 0
@@ -311,6 +317,14 @@ def _draw_fresh(cum: np.ndarray, log_mass: np.ndarray, excluded: np.ndarray) -> 
 
 
 @numba.njit(cache=True)
+def _take(e: int, chosen: np.ndarray, row: np.ndarray, filled: int) -> int:
+    """Put expert e in the next free slot of a token's row; returns the slots filled."""
+    chosen[e] = True
+    row[filled] = e
+    return filled + 1
+
+
+@numba.njit(cache=True)
 def _working_set_routing(
     seq_starts: np.ndarray,
     k: int,
@@ -339,14 +353,7 @@ def _working_set_routing(
         a = seq_starts[s]
         b = seq_starts[s + 1]
         for layer in range(n_layers):
-            cum = cum_popularity[layer]
-            if dispersion[layer] > 0.0:
-                _sequence_popularity(cum, dispersion[layer], log_mass, cum_seq)
-                cum = cum_seq
-            else:
-                for e in range(n_experts):
-                    share = cum[e] - (cum[e - 1] if e > 0 else 0.0)
-                    log_mass[e] = np.log(share) if share > 0.0 else -np.inf
+            cum = _layer_popularity(cum_popularity[layer], dispersion[layer], log_mass, cum_seq)
             for i in range(working_set):
                 context[i] = _draw_fresh(cum, log_mass, in_context)
                 in_context[context[i]] = True
@@ -364,24 +371,15 @@ def _working_set_routing(
                 filled = 0
                 for i in range(working_set):
                     if filled < k and np.random.random() < working_use[layer]:
-                        chosen[context[i]] = True
-                        out[t, layer, filled] = context[i]
-                        filled += 1
+                        filled = _take(context[i], chosen, out[t, layer], filled)
                 if t > a:
                     for j in range(k):
                         if filled >= k:
                             break
-                        if np.random.random() < keep_prob[layer]:
-                            e = out[t - 1, layer, j]
-                            if not chosen[e]:
-                                chosen[e] = True
-                                out[t, layer, filled] = e
-                                filled += 1
+                        if np.random.random() < keep_prob[layer] and not chosen[out[t - 1, layer, j]]:
+                            filled = _take(out[t - 1, layer, j], chosen, out[t, layer], filled)
                 while filled < k:
-                    e = _draw_fresh(cum, log_mass, chosen)
-                    chosen[e] = True
-                    out[t, layer, filled] = e
-                    filled += 1
+                    filled = _take(_draw_fresh(cum, log_mass, chosen), chosen, out[t, layer], filled)
                 for j in range(k):
                     chosen[out[t, layer, j]] = False
             for i in range(working_set):

@@ -39,6 +39,12 @@ def _trace(geometry: TraceGeometry, generator: Mixture, seq_starts: np.ndarray, 
     )
 
 
+def _plain(**params: float) -> Mixture:
+    """A mixture with only the given parameters (the defaults are fitted to real routing: every lag and skew on)."""
+    return Mixture(**{"keep_prob": 0.0, "zipf_exponent": 0.0, "seq_dispersion": 0.0, "keep_prob_2": 0.0, "keep_prob_3": 0.0,
+                      "keep_prob_4": 0.0, **params})  # type: ignore[arg-type]  # fmt: skip
+
+
 def _sticky_overlap(q: float, k: int, e: int) -> float:
     """Exact overlap of one-lag copying with uniform fresh draws: E[kept + (K − kept)²/(E − kept)]/K."""
     return sum(math.comb(k, i) * q**i * (1 - q) ** (k - i) * (i + (k - i) ** 2 / (e - i)) for i in range(k + 1)) / k
@@ -57,7 +63,7 @@ def test_zipf_generator_follows_its_popularity() -> None:
 def test_lag_two_copies_follow_the_sticky_closed_form() -> None:
     g = _geometry(2, 32, 4)
     q = 0.45
-    ids = Mixture(keep_prob=0.0, seq_dispersion=0.0, keep_prob_2=q).generate(g, 4000, 4, seed=1)
+    ids = _plain(keep_prob_2=q).generate(g, 4000, 4, seed=1)
     overlap = reuse(ids, equal_layout(4000, 4), 32, 2).mean(axis=0)
     assert overlap[1] == pytest.approx(_sticky_overlap(q, 4, 32), abs=0.01)  # d = 2: one copy step
     assert overlap[0] == pytest.approx(4 / 32, abs=0.01)  # d = 1: the two parity chains are independent
@@ -65,7 +71,7 @@ def test_lag_two_copies_follow_the_sticky_closed_form() -> None:
 
 def test_negative_keep_prob_bars_the_previous_experts() -> None:
     g = _geometry(1, 16, 2)
-    ids = Mixture(keep_prob=-1.0, seq_dispersion=0.0).generate(g, 3000, 2, seed=2)
+    ids = _plain(keep_prob=-1.0).generate(g, 3000, 2, seed=2)
     overlap = reuse(ids, equal_layout(3000, 2), 16, 2).mean(axis=0)
     assert overlap[0] == 0.0 and overlap[1] > 0.1
 
@@ -74,7 +80,7 @@ def test_sequence_dispersion_plateau_closed_form() -> None:
     """Top-1, uniform π, no stickiness: overlap at any distance = E[Σθ²] = (α + 1)/(Eα + 1), α = 1/δ."""
     e, delta = 8, 2.0
     g = _geometry(1, e, 1)
-    ids = Mixture(keep_prob=0.0, seq_dispersion=delta).generate(g, 400, 400, seed=5)
+    ids = _plain(seq_dispersion=delta).generate(g, 400, 400, seed=5)
     overlap = reuse(ids, equal_layout(400, 400), e, 8).mean()
     alpha = 1 / delta
     assert overlap == pytest.approx((alpha + 1) / (e * alpha + 1), abs=0.015)

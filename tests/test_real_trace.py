@@ -226,3 +226,15 @@ def test_synth_like_the_real_trace_with_the_shipped_fit(cli, tmp_path: Path) -> 
         code, _, err = cli("trace", "fit", "esft-vanilla-lite", *extra, "--out", tmp_path / "p.toml")
         assert_one_line_error(code, err, fragment)
     assert not (tmp_path / "p.toml").exists() and not (tmp_path / "x.arrow").exists()
+
+
+def test_the_demo_replays_the_real_trace_and_every_table_names_its_source(demo_run) -> None:  # type: ignore[no-untyped-def]
+    assert demo_run.code == 0, demo_run.err
+    text = " ".join(demo_run.out.split())  # captions wrap at the terminal's width
+    sections = 7  # bytes, tokens per expert, per-slot vs dedup, best draft, recorded, simulated, sweep
+    assert text.count("Routing: ") == sections
+    assert text.count("Routing: real, recorded from deepseek-ai/ESFT-vanilla-lite on intent (127 sequences) and law (33 sequences)") == 5
+    assert "Routing: uniform" in text and "Routing: recorded now through llama.cpp" in text
+    copied = read_trace(demo_run.out_dir / "trace.arrow")
+    assert copied.meta.provenance == read_meta("esft-vanilla-lite").provenance
+    assert (demo_run.out_dir / "LICENSE-ESFT-CODE.txt").read_text() == (SOURCE / "LICENSE-ESFT-CODE.txt").read_text()

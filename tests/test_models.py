@@ -26,6 +26,8 @@ PUBLISHED = {
     "qwen2-0.5b": 0.494,
     "qwen3-0.6b": 0.596,
     "glm-4.5-air": 106.0,
+    "opt-30b": 30.0,
+    "opt-350m": 0.331,
 }
 # Presets without a published total found first-hand: the figure in the model's name.
 NAMED = {
@@ -154,6 +156,23 @@ def test_preset_from_deepseek_hf_config(tmp_path: Path) -> None:
     path = tmp_path / "v2lite.json"
     path.write_text(json.dumps(config))
     assert load_preset(path).total_params() == load_preset("deepseek-v2-lite").total_params()
+
+
+def test_preset_from_opt_hf_config(tmp_path: Path) -> None:
+    # Field names as in facebook/opt-350m's config.json (a 512-wide embedding projected to 1024)
+    config = {
+        "model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "vocab_size": 50272, "word_embed_proj_dim": 512,
+        "max_position_embeddings": 2048, "enable_bias": True, "activation_function": "relu",
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    from_hf = load_preset(path)
+    assert from_hf.total_params() == load_preset("opt-350m").total_params()
+    # by hand: tied 50272 x 512 table, two 1024 x 512 projections, 24 layers of MHA with biases,
+    # two LayerNorm-sized vectors and a ReLU FFN of two 1024 x 4096 matrices
+    layer = 4 * 1024 * 1024 + 4 * 1024 + 2 * 1024 + 2 * 1024 * 4096
+    assert from_hf.total_params() == 50272 * 512 + 2 * 1024 * 512 + 24 * layer + 1024
 
 
 def test_user_toml_preset_and_errors(tmp_path: Path) -> None:

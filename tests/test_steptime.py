@@ -72,5 +72,17 @@ def test_best_engine_takes_the_cheapest_family() -> None:
 def test_bad_engine_and_dense_model() -> None:
     with pytest.raises(InputError, match="no family 'nope'"):
         StepTimeModel(PRESET, PROFILE, "nope")
+    dense = StepTimeModel(load_preset("qwen3-0.6b"), PROFILE)
     with pytest.raises(InputError, match="has no experts"):
-        StepTimeModel(load_preset("qwen3-0.6b"), PROFILE)
+        dense.pass_cost(RoutingFeatures(np.ones(1), np.ones(1), np.ones(1), np.ones(1)))
+
+
+def test_dense_target_pass_by_hand() -> None:
+    """A dense target's pass: launches + (weights + KV) / bandwidth + 2·params·n / FLOP rate + fixed."""
+    preset = load_preset("opt-30b")
+    model = StepTimeModel(preset, PROFILE)
+    d = PROFILE.dense
+    weights = preset.non_expert_params_per_token() * 2.0
+    kv = preset.layers * 2 * 56 * 128 * 2.0 * 900.0
+    expected = d.launch_us * 8 * 48 + (weights + kv) / (d.bandwidth_gbps * 1e3) + 2.0 * preset.non_expert_params_per_token() * 5 / (d.tflops * 1e6)
+    assert model.dense_pass_us(5, 900.0) == pytest.approx(expected + PROFILE.pass_fixed_us, rel=1e-12)

@@ -81,6 +81,15 @@ def links() -> dict[str, LinkSpec]:
     return _entries("links.toml", LinkSpec)
 
 
+def device_of_profile(profile_name: str, device_name: str) -> DeviceSpec | None:
+    """The catalog entry a profile describes: by the profile's name (built-in profiles are named
+    by their catalog key), else by its device's name or an alias."""
+    spec = catalog().get(profile_name)
+    if spec is not None:
+        return spec
+    return next((s for s in catalog().values() if s.name == device_name or s.matches(device_name)), None)
+
+
 def device_spec(name: str) -> DeviceSpec:
     """A catalog entry by key or alias; an unknown name is one line listing the known keys."""
     spec = catalog().get(name) or lookup_device(name)

@@ -48,7 +48,10 @@ def draft_us(drafter: Drafter, draft_lens: np.ndarray, context_tokens: float, de
     """T_draft = (longest draft in the batch) · one step for the requests still drafting."""
     lens = np.asarray(draft_lens)
     steps = int(lens.max(initial=0))
-    return float(sum(drafter.step_us(int(np.count_nonzero(lens > s)), context_tokens, dense_us) for s in range(steps)))
+    if not steps:
+        return 0.0
+    drafting = lens.size - np.cumsum(np.bincount(lens, minlength=steps))[:steps]  # requests with a draft longer than s, s = 0..steps-1
+    return float(sum(drafter.step_us(int(count), context_tokens, dense_us) for count in drafting))
 
 
 def dense_model_step_us(

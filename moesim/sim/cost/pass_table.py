@@ -1,9 +1,10 @@
 """What the simulator asks of a cost model, and the simplest one: a table of pass times by size.
 
 The SimPy server never counts bytes: it asks a `BatchCostModel` for the time of each verify
-pass, each drafting step and each prefill. The trace-driven implementation (the step-time
-model applied to the union of the batch's windows in the trace) lives in `moesim.sim.cost.steptime`;
-`TablePassCost` serves closed-form checks and precomputed-cost runs.
+pass, each drafting step and each prefill, or of a mixed pass (decode and verify tokens beside
+prefill chunks). The trace-driven implementation (the step-time model applied to the union of
+the batch's windows in the trace) lives in `moesim.sim.cost.trace_batch`; `TablePassCost` serves
+closed-form checks and precomputed-cost runs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ class BatchCostModel(Protocol):
 
     def prefill_us(self, prompt_tokens: int) -> float:
         """Prefill of one request's prompt."""
+        ...
+
+    def mixed_us(
+        self,
+        seqs: np.ndarray,
+        starts: np.ndarray,
+        n_tokens: np.ndarray,
+        context_tokens: np.ndarray,
+        prefill_seqs: np.ndarray,
+        prefill_starts: np.ndarray,
+        prefill_tokens: np.ndarray,
+    ) -> float:
+        """One target pass verifying the windows (as `verify_us`) and prefilling chunk j:
+        prefill_tokens[j] prompt positions from position prefill_starts[j] of a request decoding
+        trace sequence prefill_seqs[j] (chunked prefill beside decode)."""
         ...
 
 
@@ -70,3 +86,16 @@ class TablePassCost:
     def prefill_us(self, prompt_tokens: int) -> float:
         """Linear in prompt tokens."""
         return self.prefill_us_per_token * prompt_tokens
+
+    def mixed_us(
+        self,
+        seqs: np.ndarray,
+        starts: np.ndarray,
+        n_tokens: np.ndarray,
+        context_tokens: np.ndarray,
+        prefill_seqs: np.ndarray,
+        prefill_starts: np.ndarray,
+        prefill_tokens: np.ndarray,
+    ) -> float:
+        """Looked up by the pass's total tokens, verified and prefilled."""
+        return self.pass_us(int(np.sum(n_tokens)) + int(np.sum(prefill_tokens)))

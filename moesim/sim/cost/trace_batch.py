@@ -1,25 +1,69 @@
 """The trace-driven cost model of the simulator: each verify pass costs the step-time model applied
-to the routing features of the union of the batch's windows in the trace (a `BatchCostModel`).
+to the routing features of the union of the batch's windows in the trace (a `BatchCostModel`);
+and the cost model of a dense target, which needs no trace (`DenseBatchCost`).
 
 Prefill (a stated model): a prompt of P tokens runs as ceil(P / chunk) passes of `chunk` tokens
 (chunk = `prefill_chunk`, at most the length of the trace's first sequence); each is costed as
 a pass over the first positions of the trace's first sequence (real routing of that many
 tokens), at the context already prefilled.
+
+Mixed passes (chunked prefill beside decode): the union of the decode windows and of every
+prefill chunk's tokens. A chunk's prompt positions route like rows of the trace's *prefill
+region* (its first ≤ 4096 rows, `moesim.kernels.unions.PrefillRegion`): position p of a request
+decoding sequence s reads region row (first row of s + p) mod R, so requests sharing a sequence
+share their prompt's routing, as they share its text. A chunk attends to its prompt so far (its
+context is its last position). Over expert-parallel ranks every pass goes through the union
+of the windows and chunks per rank (`union_pass`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from moesim.errors import InputError
 from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.unions import union_features, union_scratch
-from moesim.sim.cost.drafters import Drafter, draft_us
+from moesim.kernels.unions import PrefillRegion, union_features, union_pass, union_scratch
+from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_us
+from moesim.sim.cost.pass_table import NO_CHUNKS, PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.trace import Trace
+
+
+@dataclass
+class _Drafting:
+    """Drafting and the non-mixed prefill, shared by the trace-driven and the dense cost models."""
+
+    model: StepTimeModel
+    drafter: Drafter
+    prefill_chunk: int
+    _prefill_pass_us: dict[tuple[int, int], float]
+
+    @property
+    def free(self) -> bool:
+        """A drafter of no cost (n-gram lookup): every draft costs 0 µs."""
+        return isinstance(self.drafter, FixedDrafter) and self.drafter.step_time_us == 0.0
+
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """The drafter's steps for the batch, at the batch's mean context."""
+        if self.free or not np.any(np.asarray(draft_lens) > 0):
+            return 0.0
+        return draft_us(self.drafter, draft_lens, float(context_tokens.sum()) / context_tokens.size, self.model.dense_family_us)
+
+    def chunked_prefill_us(self, prompt_tokens: int, chunk: int, pass_us: Callable[[int, int], float]) -> float:
+        """ceil(P / chunk) passes of at most `chunk` tokens at the context already prefilled."""
+        total, done = 0.0, 0
+        for _ in range(math.ceil(max(prompt_tokens, 0) / chunk)):
+            tokens = min(chunk, prompt_tokens - done)
+            key = (tokens, done)
+            if key not in self._prefill_pass_us:
+                self._prefill_pass_us[key] = pass_us(tokens, done)
+            total += self._prefill_pass_us[key]
+            done += tokens
+        return total
 
 
 @dataclass
@@ -33,7 +77,8 @@ class TraceBatchCost:
     last_distinct_experts: float = field(default=0.0, init=False)
     _scratch: np.ndarray = field(init=False, repr=False)
     _seq_starts: np.ndarray = field(init=False, repr=False)
-    _prefill_pass_us: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
+    _drafting: _Drafting = field(init=False, repr=False)
+    _region: PrefillRegion | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         g = self.trace.meta.geometry
@@ -45,6 +90,7 @@ class TraceBatchCost:
             raise InputError(f"prefill chunk must be >= 1 token, got {self.prefill_chunk}")
         self._scratch = union_scratch(len(g.moe_layers), g.experts)
         self._seq_starts = self.trace.seq_starts
+        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, {})
 
     def features(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray) -> RoutingFeatures:
         """Routing features (per MoE layer) of the union of windows [starts[i], starts[i] + n_tokens[i]) of sequences seqs[i]."""
@@ -56,28 +102,92 @@ class TraceBatchCost:
 
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """One pass of the whole batch; remembers the mean distinct experts per layer of the union."""
-        features = self.features(seqs, starts, n_tokens)
-        self.last_distinct_experts = float(np.mean(features.distinct_experts))
-        return self.model.pass_time_us(features, float(np.sum(context_tokens)), float(np.size(context_tokens)))
+        if self.model.parallel.ranks > 1:
+            return self.mixed_us(seqs, starts, n_tokens, context_tokens, NO_CHUNKS)
+        rows = self._seq_starts[seqs] + starts
+        distinct, most = union_features(self.trace.experts, rows, n_tokens, self.trace.meta.geometry.experts, self._scratch)
+        self.last_distinct_experts = float(distinct.sum()) / distinct.size
+        return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), float(context_tokens.size))
+
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
+        """The union of the windows and the chunks (see the module docstring), per expert-parallel rank."""
+        rows = self._seq_starts[seqs] + starts
+        lengths = n_tokens
+        lo = hi = NO_CHUNKS.seqs
+        if len(chunks):
+            if self._region is None:
+                self._region = PrefillRegion.of(self.trace.experts, self.trace.meta.geometry.experts)
+            windows: tuple[list[int], list[int]] = ([], [])
+            blocks: tuple[list[int], list[int]] = ([], [])
+            for seq, start, tokens in zip(chunks.seqs.tolist(), chunks.starts.tolist(), chunks.tokens.tolist(), strict=True):
+                self._region.pieces(int(self._seq_starts[seq]) + start, tokens, windows, blocks)
+            rows = np.concatenate([rows, np.array(windows[0], np.int64)])
+            lengths = np.concatenate([lengths, np.array(windows[1], np.int64)])
+            lo, hi = np.array(blocks[0], np.int64), np.array(blocks[1], np.int64)
+        experts = self.trace.meta.geometry.experts
+        ranks = self.model.parallel.ranks
+        distinct, most, slots = union_pass(self.trace.experts, rows, lengths, experts, self._scratch, self._region, lo, hi, ranks)
+        layer_distinct = distinct.sum(axis=0)
+        self.last_distinct_experts = float(layer_distinct.sum()) / layer_distinct.size
+        total = int(n_tokens.sum()) + int(chunks.tokens.sum())
+        context = float(context_tokens.sum()) + chunks.context
+        return self.model.rank_pass_us(distinct, most, slots, total, context, float(context_tokens.size + len(chunks)))
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The drafter's steps for the batch, at the batch's mean context."""
-        if not np.any(np.asarray(draft_lens) > 0):
-            return 0.0
-        return draft_us(self.drafter, draft_lens, float(np.mean(context_tokens)), self.model.dense_family_us)
+        return self._drafting.draft_us(draft_lens, context_tokens)
 
     def _chunk_us(self, tokens: int, context: int) -> float:
-        if (tokens, context) not in self._prefill_pass_us:
-            features = self.features(np.array([0]), np.array([0]), np.array([tokens]))
-            self._prefill_pass_us[(tokens, context)] = self.model.pass_time_us(features, float(context))
-        return self._prefill_pass_us[(tokens, context)]
+        if self.model.parallel.ranks > 1:
+            return self.mixed_us(_ZERO, _ZERO, np.array([tokens]), np.array([context]), NO_CHUNKS)
+        features = self.features(np.array([0]), np.array([0]), np.array([tokens]))
+        return self.model.pass_time_us(features, float(context))
 
     def prefill_us(self, prompt_tokens: int) -> float:
         """ceil(P / chunk) chunked passes (see the module docstring)."""
         chunk = min(self.prefill_chunk, int(self._seq_starts[1] - self._seq_starts[0]))
-        total, done = 0.0, 0
-        for _ in range(math.ceil(max(prompt_tokens, 0) / chunk)):
-            tokens = min(chunk, prompt_tokens - done)
-            total += self._chunk_us(tokens, done)
-            done += tokens
-        return total
+        return self._drafting.chunked_prefill_us(prompt_tokens, chunk, self._chunk_us)
+
+
+@dataclass
+class DenseBatchCost:
+    """A dense target (no experts, no trace): every pass is the dense family on its tokens and
+    context (`StepTimeModel.dense_pass_us`); drafting as `TraceBatchCost`; a prompt's prefill in
+    passes of `prefill_chunk` tokens."""
+
+    model: StepTimeModel
+    drafter: Drafter
+    prefill_chunk: int = 512
+    last_distinct_experts: float = field(default=math.nan, init=False)
+    _drafting: _Drafting = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk < 1:
+            raise InputError(f"prefill chunk must be >= 1 token, got {self.prefill_chunk}")
+        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, {})
+
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """The dense pass of the batch's tokens at its summed context."""
+        return self.model.dense_pass_us(float(np.sum(n_tokens)), float(np.sum(context_tokens)), float(np.size(context_tokens)))
+
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
+        """The dense pass of the verified and prefilled tokens, each chunk at its prompt so far."""
+        tokens = float(np.sum(n_tokens)) + float(chunks.tokens.sum())
+        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)) + chunks.context, float(np.size(context_tokens) + len(chunks)))
+
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """The drafter's steps for the batch, at the batch's mean context."""
+        return self._drafting.draft_us(draft_lens, context_tokens)
+
+    def prefill_us(self, prompt_tokens: int) -> float:
+        """ceil(P / chunk) dense passes at the context already prefilled."""
+        return self._drafting.chunked_prefill_us(
+            prompt_tokens, self.prefill_chunk, lambda tokens, done: self.model.dense_pass_us(tokens, done)
+        )
+
+
+_ZERO = np.zeros(1, np.int64)

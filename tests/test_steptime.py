@@ -84,5 +84,6 @@ def test_dense_target_pass_by_hand() -> None:
     d = PROFILE.dense
     weights = preset.non_expert_params_per_token() * 2.0
     kv = preset.layers * 2 * 56 * 128 * 2.0 * 900.0
-    expected = d.launch_us * 8 * 48 + (weights + kv) / (d.bandwidth_gbps * 1e3) + 2.0 * preset.non_expert_params_per_token() * 5 / (d.tflops * 1e6)
+    flops = 2.0 * preset.non_expert_params_per_token() * 5
+    expected = d.launch_us * 8 * 48 + (weights + kv) / (d.bandwidth_gbps * 1e3) + flops / (d.tflops * 1e6)
     assert model.dense_pass_us(5, 900.0) == pytest.approx(expected + PROFILE.pass_fixed_us, rel=1e-12)

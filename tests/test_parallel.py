@@ -152,15 +152,14 @@ def test_union_pass_against_brute_force() -> None:
     for _ in range(60):
         count = int(rng.integers(0, 4))
         starts, lengths = rng.integers(0, 1000, count), rng.integers(1, 9, count)
-        windows: list[tuple[int, int]] = []
-        blocks: list[tuple[int, int]] = []
+        windows: tuple[list[int], list[int]] = ([], [])
+        blocks: tuple[list[int], list[int]] = ([], [])
         chunks = [(int(rng.integers(0, 5000)), int(rng.integers(1, 900))) for _ in range(int(rng.integers(0, 3)))]
         for first, tokens in chunks:
             region.pieces(first, tokens, windows, blocks)
-        all_starts = np.array([*starts, *(w[0] for w in windows)], np.int64)
-        all_lengths = np.array([*lengths, *(w[1] for w in windows)], np.int64)
-        lo = np.array([b[0] for b in blocks], np.int64)
-        hi = np.array([b[1] for b in blocks], np.int64)
+        all_starts = np.array([*starts, *windows[0]], np.int64)
+        all_lengths = np.array([*lengths, *windows[1]], np.int64)
+        lo, hi = np.array(blocks[0], np.int64), np.array(blocks[1], np.int64)
         ranks = int(rng.choice([1, 2, 4]))
         u, m, s = union_pass(TRACE.experts, all_starts, all_lengths, 64, scratch, region, lo, hi, ranks)
         rows = [int(r) for st, ln in zip(starts, lengths, strict=True) for r in range(st, st + ln)]

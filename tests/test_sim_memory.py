@@ -208,7 +208,6 @@ class Reference:
             c = min(k, r.draws.draw(r.decoded)) + 1
             r.decoded += c
             r.remaining -= c
-            self.give_back(r, -(-(r.prompt + r.decoded) // self.block))
             if r.remaining:
                 still.append(r)
             else:

@@ -257,22 +257,28 @@ class PrefillRegion:
         _checkpoints(experts, n_experts, rows, step, out)
         return cls(rows, step, out)
 
-    def pieces(self, first_row: int, tokens: int, windows: list[tuple[int, int]], blocks: list[tuple[int, int]]) -> None:
-        """Append the windows (start, length) and blocks (lo, hi) of `tokens` rows of the region from
-        row `first_row` (mod rows), wrapping at its end."""
+    def pieces(self, first_row: int, tokens: int, windows: tuple[list[int], list[int]], blocks: tuple[list[int], list[int]]) -> None:
+        """Append the windows (starts, lengths) and blocks (lo, hi) of `tokens` rows of the region
+        from row `first_row` (mod rows), wrapping at its end."""
+        starts, lengths = windows
+        lows, highs = blocks
         row = first_row % self.rows
         left = tokens
         while left:
             end = min(row + left, self.rows)
             lo, hi = -(-row // self.stride), end // self.stride
             if lo >= hi:
-                windows.append((row, end - row))
+                starts.append(row)
+                lengths.append(end - row)
             else:
                 if lo * self.stride > row:
-                    windows.append((row, lo * self.stride - row))
-                blocks.append((lo, hi))
+                    starts.append(row)
+                    lengths.append(lo * self.stride - row)
+                lows.append(lo)
+                highs.append(hi)
                 if end > hi * self.stride:
-                    windows.append((hi * self.stride, end - hi * self.stride))
+                    starts.append(hi * self.stride)
+                    lengths.append(end - hi * self.stride)
             left -= end - row
             row = 0
 

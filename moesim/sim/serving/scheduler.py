@@ -88,9 +88,12 @@ class Scheduler:
         chunked = self.scheduling.chunked_prefill
         plan = Plan()
         victims = plan.victims
-        for i, request in enumerate(active):
-            if request not in victims:
-                self._grow(request, request.prompt_tokens + request.decoded + ks[i] + 1, active, prefilling, plan)
+        if kv is not None:
+            block = kv.block_tokens
+            for i, request in enumerate(active):
+                tokens = request.prompt_tokens + request.decoded + ks[i] + 1
+                if -(-tokens // block) > request.kv_pages and request not in victims:
+                    self._grow(request, tokens, active, prefilling, plan)
         left = self.scheduling.token_budget - sum(ks) - len(ks)
         for request in prefilling:
             if request in victims or left <= 0:

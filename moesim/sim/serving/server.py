@@ -407,8 +407,6 @@ class Server:
                     request.remaining -= c
                     if not request.remaining:
                         finished = True
-                    if kv is not None:
-                        kv.shrink(request, request.prompt_tokens + request.decoded)
                     step_request.append(request.rid)
                     step_k.append(k)
                     step_acc.append(accepted)

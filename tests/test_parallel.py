@@ -14,6 +14,7 @@ from moesim.kernels.unions import PrefillRegion, union_pass, union_scratch
 from moesim.models import ExpertShape, load_preset
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.parallel import Parallelism, all_reduce_us, all_to_all_us
+from moesim.sim.cost.pass_table import PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.tracegen.routing.synth import Sticky, synthesize
@@ -125,7 +126,7 @@ def test_mixed_pass_is_the_union_of_windows_and_chunks(ranks: int) -> None:
     model = StepTimeModel(PRESET, PROFILE, "dedup", parallel=parallel)
     cost = TraceBatchCost(model, TRACE, make_drafter("ngram", PRESET))
     chunk_seqs, chunk_starts, chunk_tokens = np.array([2, 3]), np.array([0, 700]), np.array([150, 400])
-    got = cost.mixed_us(*WINDOWS, CONTEXT, chunk_seqs, chunk_starts, chunk_tokens)
+    got = cost.mixed_us(*WINDOWS, CONTEXT, PrefillChunks(chunk_seqs, chunk_starts, chunk_tokens))
     region = PrefillRegion.of(TRACE.experts, PRESET.experts)
     assert region.rows == 1024
     rows = rows_of(*WINDOWS)

@@ -99,9 +99,76 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("change", "key", "fragment"), BAD, ids=[b[1] for b in BAD])
-def test_invalid_config_exits_2_naming_the_key(cli, tmp_path: Path, change: tuple[str, str], key: str, fragment: str) -> None:  # type: ignore[no-untyped-def]
-    config = write_config(tmp_path, BASE.replace(*change))
+SERVING = """
+[run]
+seed = 4
+requests = 12
+
+[workload]
+prompt_tokens = 90
+output_tokens = 70
+
+[arrivals]
+concurrency = 6
+
+[batching]
+max_batch = 6
+chunked_prefill = true
+token_budget = 64
+
+[memory]
+block_tokens = 8
+pages = 60
+
+[parallel]
+tensor_parallel = 2
+
+[trace]
+synth = "sticky"
+synth_params = { keep_prob = 0.4 }
+tokens = 256
+seqs = 4
+
+[target]
+model = "olmoe-1b-7b"
+profile = "nvidia-h100-sxm"
+engine = "best"
+
+[drafter]
+kind = "preset"
+model = "qwen3-0.6b"
+
+[cost]
+kind = "steptime"
+
+[acceptance]
+model = "geometric"
+alpha = 0.7
+
+[policy]
+name = "static"
+k = 3
+"""
+
+
+SERVING_BAD = [
+    (("tensor_parallel = 2", "tensor_parallel = 1\nexpert_parallel = true"), "parallel.expert_parallel", "tensor_parallel > 1"),
+    (("tensor_parallel = 2", "tensor_parallel = 3\nexpert_parallel = true"), "parallel.expert_parallel", "do not split over 3"),
+    (("tensor_parallel = 2", 'tensor_parallel = 2\nlink = "warp-drive"'), "parallel.link", "unknown link 'warp-drive'"),
+    (("token_budget = 64", "token_budget = 4"), "batching.token_budget", "must be >= max_batch"),
+    (("pages = 60", "pages = -1"), "memory.pages", "got -1"),
+    (("pages = 60", 'pages = 60\npreemption = "swap"\nutilization = 1.5'), "memory.utilization", "got 1.5"),
+    (('profile = "nvidia-h100-sxm"', 'profile = "nvidia-h100-sxm"\ndevice = "tpu-v9"'), "target.device", "unknown device 'tpu-v9'"),
+]
+
+
+CASES = [(BASE, *case) for case in BAD] + [(SERVING, *case) for case in SERVING_BAD]
+
+
+@pytest.mark.parametrize(("base", "change", "key", "fragment"), CASES, ids=[case[2] for case in CASES])
+def test_invalid_config_exits_2_naming_the_key(cli, tmp_path: Path, base: str, change: tuple[str, str], key: str, fragment: str) -> None:  # type: ignore[no-untyped-def]
+    assert change[0] in base
+    config = write_config(tmp_path, base.replace(*change))
     out = tmp_path / "never"
     code, _, err = cli("simulate", config, "--out", out)
     assert_one_line_error(code, err, f"'{key}'", fragment, str(config))
@@ -188,58 +255,6 @@ def test_demo_ends_with_static_vs_cascade(demo_run: DemoRun) -> None:
     assert speculation.filter(pl.col("workload") == "high")["speedup"].min() > 1.0
 
 
-SERVING = """
-[run]
-seed = 4
-requests = 12
-
-[workload]
-prompt_tokens = 90
-output_tokens = 70
-
-[arrivals]
-concurrency = 6
-
-[batching]
-max_batch = 6
-chunked_prefill = true
-token_budget = 64
-
-[memory]
-block_tokens = 8
-pages = 60
-
-[parallel]
-tensor_parallel = 2
-
-[trace]
-synth = "sticky"
-synth_params = { keep_prob = 0.4 }
-tokens = 256
-seqs = 4
-
-[target]
-model = "olmoe-1b-7b"
-profile = "nvidia-h100-sxm"
-engine = "best"
-
-[drafter]
-kind = "preset"
-model = "qwen3-0.6b"
-
-[cost]
-kind = "steptime"
-
-[acceptance]
-model = "geometric"
-alpha = 0.7
-
-[policy]
-name = "static"
-k = 3
-"""
-
-
 @pytest.mark.parametrize("extra", ["", "expert_parallel = true"], ids=["tp", "ep"])
 def test_serving_run_same_bytes(cli, tmp_path: Path, extra: str) -> None:  # type: ignore[no-untyped-def]
     """KV pages (tight: preemptions), chunked prefill and two devices through `moesim simulate`:
@@ -303,25 +318,3 @@ def test_serving_study_same_bytes(cli, tmp_path: Path) -> None:  # type: ignore[
     table = pl.read_csv(tmp_path / "a" / "study.csv")
     assert table.height == 2 * 2 * 2 and set(table["device"]) == {"one H100", "2xL40"} and set(table["batch"]) == {1, 3}
     assert (table["target_efficiency"] > 0).all() and (table["target_efficiency"] <= 1.0 + 1e-9).all()
-
-
-SERVING_BAD = [
-    (("tensor_parallel = 2", "tensor_parallel = 1\nexpert_parallel = true"), "parallel.expert_parallel", "tensor_parallel > 1"),
-    (("tensor_parallel = 2", "tensor_parallel = 3\nexpert_parallel = true"), "parallel.expert_parallel", "do not split over 3"),
-    (("tensor_parallel = 2", 'tensor_parallel = 2\nlink = "warp-drive"'), "parallel.link", "unknown link 'warp-drive'"),
-    (("token_budget = 64", "token_budget = 4"), "batching.token_budget", "must be >= max_batch"),
-    (("pages = 60", "pages = -1"), "memory.pages", "got -1"),
-    (("pages = 60", 'pages = 60\npreemption = "swap"\nutilization = 1.5'), "memory.utilization", "got 1.5"),
-    (('profile = "nvidia-h100-sxm"', 'profile = "nvidia-h100-sxm"\ndevice = "tpu-v9"'), "target.device", "unknown device 'tpu-v9'"),
-]
-
-
-@pytest.mark.parametrize(("change", "key", "fragment"), SERVING_BAD, ids=[b[1] for b in SERVING_BAD])
-def test_serving_config_errors_name_the_key(cli, tmp_path: Path, change: tuple[str, str], key: str, fragment: str) -> None:  # type: ignore[no-untyped-def]
-    old, new = change
-    assert old in SERVING
-    config = write_config(tmp_path, SERVING.replace(old, new))
-    out = tmp_path / "never"
-    code, _, err = cli("simulate", config, "--out", out)
-    assert_one_line_error(code, err, f"'{key}'", fragment, str(config))
-    assert not out.exists()

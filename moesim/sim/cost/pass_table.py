@@ -17,6 +17,27 @@ import numpy as np
 from moesim.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class PrefillChunks:
+    """The prefill chunks of a mixed pass: chunk j prefills tokens[j] prompt positions from position
+    starts[j] of a request decoding trace sequence seqs[j]; it attends to its prompt so far."""
+
+    seqs: np.ndarray
+    starts: np.ndarray
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def context(self) -> float:
+        """Positions the chunks attend to: each chunk's last position, summed."""
+        return float((self.starts + self.tokens).sum())
+
+
+NO_CHUNKS = PrefillChunks(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
 class BatchCostModel(Protocol):
     """Times (µs) of the passes of one server iteration."""
 
@@ -33,19 +54,8 @@ class BatchCostModel(Protocol):
         """Prefill of one request's prompt."""
         ...
 
-    def mixed_us(
-        self,
-        seqs: np.ndarray,
-        starts: np.ndarray,
-        n_tokens: np.ndarray,
-        context_tokens: np.ndarray,
-        prefill_seqs: np.ndarray,
-        prefill_starts: np.ndarray,
-        prefill_tokens: np.ndarray,
-    ) -> float:
-        """One target pass verifying the windows (as `verify_us`) and prefilling chunk j:
-        prefill_tokens[j] prompt positions from position prefill_starts[j] of a request decoding
-        trace sequence prefill_seqs[j] (chunked prefill beside decode)."""
+    def mixed_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks) -> float:
+        """One target pass verifying the windows (as `verify_us`) and prefilling the chunks (chunked prefill beside decode)."""
         ...
 
 
@@ -87,15 +97,6 @@ class TablePassCost:
         """Linear in prompt tokens."""
         return self.prefill_us_per_token * prompt_tokens
 
-    def mixed_us(
-        self,
-        seqs: np.ndarray,
-        starts: np.ndarray,
-        n_tokens: np.ndarray,
-        context_tokens: np.ndarray,
-        prefill_seqs: np.ndarray,
-        prefill_starts: np.ndarray,
-        prefill_tokens: np.ndarray,
-    ) -> float:
+    def mixed_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks) -> float:
         """Looked up by the pass's total tokens, verified and prefilled."""
-        return self.pass_us(int(np.sum(n_tokens)) + int(np.sum(prefill_tokens)))
+        return self.pass_us(int(np.sum(n_tokens)) + int(np.sum(chunks.tokens)))

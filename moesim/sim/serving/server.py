@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
+from moesim.sim.cost.pass_table import BatchCostModel, PrefillChunks, TablePassCost
 from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance
 from moesim.sim.serving.policies import Controller, Policy
 from moesim.sim.serving.scheduler import Scheduler, Scheduling
@@ -185,10 +185,12 @@ class _ProtocolCoster:
         """(draft µs, verify µs) of a pass that also prefills the chunks (request, first position, tokens)."""
         steps, seqs, starts, tokens, context = self._arrays(batch, draft_lens)
         draft = self.cost.draft_us(steps, context) if batch else 0.0
-        chunk_seqs = np.array([r.seq for r, _, _ in chunks], np.int64)
-        chunk_starts = np.array([start for _, start, _ in chunks], np.int64)
-        chunk_tokens = np.array([c for _, _, c in chunks], np.int64)
-        return draft, self.cost.mixed_us(seqs, starts, tokens, context, chunk_seqs, chunk_starts, chunk_tokens)
+        prefill = PrefillChunks(
+            np.array([r.seq for r, _, _ in chunks], np.int64),
+            np.array([start for _, start, _ in chunks], np.int64),
+            np.array([c for _, _, c in chunks], np.int64),
+        )
+        return draft, self.cost.mixed_us(seqs, starts, tokens, context, prefill)
 
 
 class Server:

@@ -54,7 +54,9 @@ class BatchCostModel(Protocol):
         """Prefill of one request's prompt."""
         ...
 
-    def mixed_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks) -> float:
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
         """One target pass verifying the windows (as `verify_us`) and prefilling the chunks (chunked prefill beside decode)."""
         ...
 
@@ -97,6 +99,8 @@ class TablePassCost:
         """Linear in prompt tokens."""
         return self.prefill_us_per_token * prompt_tokens
 
-    def mixed_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks) -> float:
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
         """Looked up by the pass's total tokens, verified and prefilled."""
         return self.pass_us(int(np.sum(n_tokens)) + int(np.sum(chunks.tokens)))

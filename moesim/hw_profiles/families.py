@@ -167,44 +167,60 @@ def term_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float
 
 
 @numba.njit(cache=True)
-def _compiled_time_us(slots, distinct, most, params, widths, compute, serial, out):  # noqa: ANN001, ANN202
-    """`ExpertFamily.inputs_time_us` for flat arrays in one compiled loop, the same terms in the
-    same order (`base_columns`, `model_time_us`, the roofline floor); `params` = tokens_per_read,
-    cache_bytes, expert_bytes, hidden, intermediate, the fixed, per_expert, per_slot, hbm and cache
+def _element_time_us(u, s, cmax, params, widths, compute, serial):  # noqa: ANN001, ANN202
+    """`ExpertFamily.inputs_time_us` of one pass, compiled: the same terms in the same order
+    (`base_columns`, `model_time_us`, the roofline floor); `params` = tokens_per_read, cache_bytes,
+    expert_bytes, hidden, intermediate, the fixed, per_expert, per_slot, hbm and cache
     coefficients, peak bandwidth and peak TFLOP/s."""
     t_read = params[0]
     cache_bytes, b, h, inter = params[1], params[2], params[3], params[4]
     fixed, per_expert, per_slot, hbm, cache = params[5], params[6], params[7], params[8], params[9]
-    peak_bw, peak_tflops = params[10], params[11]
+    safe_u = max(u, 1.0)
+    if t_read == 1.0:
+        reads, chunks, tokens = s, 1.0, 1.0
+    elif t_read == 0.0:
+        reads, chunks, tokens = u, 1.0, cmax
+    else:
+        chunks = math.ceil(s / safe_u / t_read - 1e-9)
+        reads, tokens = u * chunks, min(cmax, t_read)
+    rereads = max(reads - u, 0.0)
+    hit = min(1.0, cache_bytes / (safe_u * b))
+    active = 1.0 if s > 0 else 0.0
+    v = 0
+    if widths.shape[0]:
+        v = min(np.searchsorted(widths, min(cmax, t_read) - 1e-9), widths.shape[0] - 1)
+    flops = s * 6.0 * h * inter
+    total = flops * compute[v] + active * tokens * chunks * (h + inter) * serial[v]
+    if fixed:
+        total = total + fixed * active
+    if per_expert:
+        total = total + per_expert * u
+    if per_slot:
+        total = total + per_slot * s
+    if hbm:
+        total = total + hbm * (b * (u + rereads * (1.0 - hit)))
+    if cache:
+        total = total + cache * (b * rereads * hit)
+    return max(total, max(u * b / (params[10] * 1e3), flops / (params[11] * 1e6)))
+
+
+@numba.njit(cache=True)
+def _compiled_time_us(slots, distinct, most, params, widths, compute, serial, out):  # noqa: ANN001, ANN202
+    """`_element_time_us` of every pass of flat arrays."""
     for i in range(slots.shape[0]):
-        u, s, cmax = distinct[i], slots[i], most[i]
-        safe_u = max(u, 1.0)
-        if t_read == 1.0:
-            reads, chunks, tokens = s, 1.0, 1.0
-        elif t_read == 0.0:
-            reads, chunks, tokens = u, 1.0, cmax
-        else:
-            chunks = math.ceil(s / safe_u / t_read - 1e-9)
-            reads, tokens = u * chunks, min(cmax, t_read)
-        rereads = max(reads - u, 0.0)
-        hit = min(1.0, cache_bytes / (safe_u * b))
-        active = 1.0 if s > 0 else 0.0
-        v = 0
-        if widths.shape[0]:
-            v = min(np.searchsorted(widths, min(cmax, t_read) - 1e-9), widths.shape[0] - 1)
-        flops = s * 6.0 * h * inter
-        total = flops * compute[v] + active * tokens * chunks * (h + inter) * serial[v]
-        if fixed:
-            total = total + fixed * active
-        if per_expert:
-            total = total + per_expert * u
-        if per_slot:
-            total = total + per_slot * s
-        if hbm:
-            total = total + hbm * (b * (u + rereads * (1.0 - hit)))
-        if cache:
-            total = total + cache * (b * rereads * hit)
-        out[i] = max(total, max(u * b / (peak_bw * 1e3), flops / (peak_tflops * 1e6)))
+        out[i] = _element_time_us(distinct[i], slots[i], most[i], params, widths, compute, serial)
+
+
+@numba.njit(cache=True)
+def _compiled_layers_us(slots, distinct, most, params, widths, compute, serial):  # noqa: ANN001, ANN202
+    """Σ over layers of the slowest rank's time, for (ranks, layers) arrays."""
+    total = 0.0
+    for layer in range(slots.shape[1]):
+        slowest = 0.0
+        for r in range(slots.shape[0]):
+            slowest = max(slowest, _element_time_us(distinct[r, layer], slots[r, layer], most[r, layer], params, widths, compute, serial))
+        total += slowest
+    return total
 
 
 def _rate_to_coefficient(rate: float, unit: float) -> float:
@@ -358,6 +374,13 @@ class ExpertFamily:
         out = np.empty(flat[0].size)
         _compiled_time_us(*flat, *self._compiled_params(shape), out)
         return out.reshape(np.shape(slots))
+
+    def fast_layers_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape) -> float:
+        """Σ over MoE layers of the slowest rank's `time_us`, for (ranks, layers) arrays of slots,
+        distinct experts and max tokens per expert, in one compiled call (a pass over expert-parallel
+        ranks; one rank: the layers' sum)."""
+        arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
+        return float(_compiled_layers_us(*arrays, *self._compiled_params(shape)))
 
     def extrapolation_factor(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
         """1.0 inside the calibrated range; else how far outside (max ratio over inputs)."""

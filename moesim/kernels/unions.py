@@ -99,6 +99,15 @@ class UnionFeatures:
             return self.distinct_experts / (self.n_tokens[:, None] * self.top_k)
 
 
+@numba.njit(cache=True)
+def _windows_inside(starts, lengths, rows):  # noqa: ANN001, ANN202
+    """Whether every window [starts[i], starts[i] + lengths[i]) lies within rows 0..rows."""
+    for i in range(starts.shape[0]):  # noqa: SIM110 (a loop Numba compiles; all() of a generator it does not)
+        if starts[i] < 0 or lengths[i] < 0 or starts[i] + lengths[i] > rows:
+            return False
+    return True
+
+
 def _check_windows(experts: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if experts.ndim != 3 or experts.dtype.kind != "u":
         raise ValueError(f"experts must be a (T, L, K) array of unsigned ids, got {experts.dtype} {experts.shape}")
@@ -106,7 +115,7 @@ def _check_windows(experts: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
     lengths = np.ascontiguousarray(lengths, np.int64)
     if starts.shape != lengths.shape or starts.ndim != 1:
         raise ValueError("starts and lengths must be 1-d arrays of one length")
-    if starts.size and (starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > experts.shape[0]):
+    if not _windows_inside(starts, lengths, experts.shape[0]):
         raise ValueError(f"a window lies outside rows 0..{experts.shape[0]}")
     return starts, lengths
 

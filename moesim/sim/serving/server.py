@@ -322,6 +322,7 @@ class Server:
             if n:
                 wanted = controller.draft_lens(active, self)
                 left = budget
+                capped = chunked and budget < n * (k_cap + 1)  # else every verify window fits the budget
                 for i in range(n):
                     k = wanted[i]
                     if k > k_cap:
@@ -329,7 +330,7 @@ class Server:
                     remaining = active[i].remaining
                     if k >= remaining:
                         k = remaining - 1
-                    if chunked:  # decode and verify tokens first, each request at least one
+                    if capped:  # decode and verify tokens first, each request at least one
                         limit = left - (n - i)
                         if k > limit:
                             k = limit

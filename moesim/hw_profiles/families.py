@@ -409,12 +409,15 @@ class DenseFamily:
     attention_tflops: float = math.inf
 
     def time_us(self, bytes_read: np.ndarray | float, flops: np.ndarray | float = 0.0, kernels: np.ndarray | float = 1.0) -> np.ndarray:
-        """Time in µs = launch_us·kernels + bytes / bandwidth + flops / FLOP rate."""
-        return (
-            self.launch_us * np.asarray(kernels, np.float64)
-            + np.asarray(bytes_read, np.float64) / (self.bandwidth_gbps * 1e3)
-            + np.asarray(flops, np.float64) * _rate_to_coefficient(self.tflops, 1e6)
-        )
+        """Time in µs = launch_us·kernels + bytes / bandwidth + flops / FLOP rate, vectorised (plain
+        numbers stay numbers, as the simulator's per-pass call passes them; the same arithmetic)."""
+        if not (isinstance(bytes_read, float | int) and isinstance(flops, float | int) and isinstance(kernels, float | int)):
+            bytes_read, flops, kernels = (np.asarray(v, np.float64) for v in (bytes_read, flops, kernels))
+        return self.launch_us * kernels + bytes_read / (self.bandwidth_gbps * 1e3) + flops * self._flop_coefficient  # type: ignore[return-value]
+
+    @cached_property
+    def _flop_coefficient(self) -> float:
+        return _rate_to_coefficient(self.tflops, 1e6)
 
     def attention_us(self, flops: np.ndarray | float) -> np.ndarray:
         """Time in µs of attention's FLOPs = flops / attention rate (0 when the rate is inf)."""

@@ -109,12 +109,21 @@ def test_time_matches_plain_python_reference(tokens_per_read: int) -> None:
     np.testing.assert_allclose(family.time_us(features, shape), expected, rtol=1e-12)
 
 
-@pytest.mark.parametrize("profile", ["nvidia-h200", "nvidia-l40", "apple-m2-ultra"])
-def test_compiled_time_equals_the_vectorised_one(profile: str) -> None:
+@pytest.mark.parametrize(
+    ("profile", "weight_format"),
+    [
+        ("nvidia-h200", "BF16"),
+        ("nvidia-l40-vllm", "BF16"),
+        ("nvidia-rtx-3090-llamacpp", "Q4_0"),
+        ("nvidia-rtx-3090-llamacpp", "F16"),
+        ("apple-m2-ultra-metal", "Q8_0"),
+    ],
+)
+def test_compiled_time_equals_the_vectorised_one(profile: str, weight_format: str) -> None:
     """`fast_time_us` (one compiled loop) gives `time_us`'s bits for every family, also at empty
     passes and beyond the calibrated range; `fast_layers_us` sums the slowest rank per layer."""
     rng = np.random.default_rng(7)
-    shape = ExpertShape(2048, 768, "BF16")
+    shape = ExpertShape(2048, 768, weight_format)
     n = rng.integers(1, 4000, 600).astype(float)
     slots = n * 8
     distinct = np.minimum(rng.integers(0, 129, 600), slots).astype(float)
@@ -122,10 +131,10 @@ def test_compiled_time_equals_the_vectorised_one(profile: str) -> None:
     slots[:4] = distinct[:4] = most[:4] = 0.0
     for family in load_profile(profile).expert_families.values():
         vectorised = family.time_us(RoutingFeatures(n, slots, distinct, most), shape)
-        assert np.array_equal(family.fast_time_us(slots, distinct, most, shape), vectorised)
+        assert np.array_equal(family.fast_time_us(slots, distinct, most, shape, 8), vectorised)
         grid = (slots[:48].reshape(4, 12), distinct[:48].reshape(4, 12), most[:48].reshape(4, 12))
         expected = family.time_us(RoutingFeatures(grid[0] / 8, *grid), shape).max(axis=0).sum()
-        assert family.fast_layers_us(*grid, shape) == pytest.approx(expected, rel=1e-12)
+        assert family.fast_layers_us(*grid, shape, 8) == pytest.approx(expected, rel=1e-12)
 
 
 def test_fit_recovers_a_known_family_exactly() -> None:

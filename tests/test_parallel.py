@@ -20,7 +20,7 @@ from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.tracegen.routing.synth import Sticky, synthesize
 
 LINK = LinkSpec("l", "test link", 200.0, 3.0, "assumed", "test")
-PROFILE = load_profile("nvidia-h100-sxm")
+PROFILE = load_profile("nvidia-h200")
 PRESET = load_preset("deepseek-v2-lite")  # 27 layers, the first dense; 64 experts, top-6; MLA
 TRACE = synthesize(PRESET, Sticky(keep_prob=0.3), tokens=256, seqs=4, seed=5)
 

@@ -131,7 +131,7 @@ seqs = 4
 
 [target]
 model = "olmoe-1b-7b"
-profile = "nvidia-h100-sxm"
+profile = "nvidia-h100-sxm-vllm"
 engine = "best"
 
 [drafter]
@@ -158,7 +158,7 @@ SERVING_BAD = [
     (("token_budget = 64", "token_budget = 4"), "batching.token_budget", "must be >= max_batch"),
     (("pages = 60", "pages = -1"), "memory.pages", "got -1"),
     (("pages = 60", 'pages = 60\npreemption = "swap"\nutilization = 1.5'), "memory.utilization", "got 1.5"),
-    (('profile = "nvidia-h100-sxm"', 'profile = "nvidia-h100-sxm"\ndevice = "tpu-v9"'), "target.device", "unknown device 'tpu-v9'"),
+    (('engine = "best"', 'engine = "best"\ndevice = "tpu-v9"'), "target.device", "unknown device 'tpu-v9'"),
 ]
 
 
@@ -288,11 +288,11 @@ kind = "ngram"
 
 [[study.devices]]
 name = "one H100"
-profile = "nvidia-h100-sxm"
+profile = "nvidia-h100-sxm-vllm"
 
 [[study.devices]]
 name = "2xL40"
-profile = "nvidia-l40"
+profile = "nvidia-l40-vllm"
 tensor_parallel = 2
 
 [study.workloads.high]

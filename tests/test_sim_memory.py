@@ -349,7 +349,7 @@ def config(tmp_path: Path, **sections) -> dict:  # type: ignore[no-untyped-def]
         "run": {"requests": 4},
         "trace": {"synth": "uniform", "tokens": 64, "seqs": 2},
         "cost": {"kind": "steptime"},
-        "target": {"model": "qwen2-57b-a14b", "profile": "nvidia-a800-80gb", "engine": "best"},
+        "target": {"model": "qwen2-57b-a14b", "profile": "nvidia-a800-80gb-vllm"},
         "memory": {},
         "acceptance": {"model": "geometric", "alpha": 0.7},
         "policy": {"name": "static", "k": 2},

@@ -171,7 +171,8 @@ def _element_time_us(u, s, cmax, params, widths, compute, serial):  # noqa: ANN0
     """`ExpertFamily.inputs_time_us` of one pass, compiled: the same terms in the same order
     (`base_columns`, `model_time_us`, the roofline floor); `params` = tokens_per_read, cache_bytes,
     expert_bytes, hidden, intermediate, the fixed, per_expert, per_slot, hbm and cache
-    coefficients, peak bandwidth and peak TFLOP/s."""
+    coefficients, peak bandwidth and peak TFLOP/s, the tile coefficient, tile_tokens, tile_step and
+    top-k (a pass of s slots has s / top-k tokens)."""
     t_read = params[0]
     cache_bytes, b, h, inter = params[1], params[2], params[3], params[4]
     fixed, per_expert, per_slot, hbm, cache = params[5], params[6], params[7], params[8], params[9]
@@ -201,6 +202,13 @@ def _element_time_us(u, s, cmax, params, widths, compute, serial):  # noqa: ANN0
         total = total + hbm * (b * (u + rereads * (1.0 - hit)))
     if cache:
         total = total + cache * (b * rereads * hit)
+    tile, tile_tokens, tile_step = params[12], params[13], params[14]
+    if tile_tokens and tile:
+        width = tile_tokens
+        if tile_step:
+            width = min(tile_tokens, tile_step * math.ceil(s / params[15] / tile_step - 1e-9))
+        width = max(width, 1.0)
+        total = total + tile * (active * u * math.ceil(s / safe_u / width - 1e-9) * width * 6.0 * h * inter)
     return max(total, max(u * b / (params[10] * 1e3), flops / (params[11] * 1e6)))
 
 
@@ -343,22 +351,25 @@ class ExpertFamily:
         return family.inputs_time_us(ExpertInputs.of(features, shape))
 
     @cached_property
-    def _compiled(self) -> dict[ExpertShape, tuple[np.ndarray, ...]]:
+    def _compiled(self) -> dict[tuple[ExpertShape, int], tuple[np.ndarray, ...]]:
         return {}
 
-    def _compiled_params(self, shape: ExpertShape) -> tuple[np.ndarray, ...]:
-        """The kernel's parameters for an expert shape (kept per shape)."""
-        params = self._compiled.get(shape)
+    def _compiled_params(self, shape: ExpertShape, top_k: int) -> tuple[np.ndarray, ...]:
+        """The kernel's parameters for an expert shape and top-k (kept per pair; the format's own bandwidth where it has one)."""
+        params = self._compiled.get((shape, top_k))
         if params is None:
-            c = self.coefficients()
-            compute, serial = self._variant_coefficients()
+            family = self.for_format(shape.weight_format) if self.format_bandwidth_gbps else self
+            c = family.coefficients()
+            compute, serial = family._variant_coefficients()
+            structure = family.structure
             scalars = [
-                float(self.structure.tokens_per_read), self.cache_bytes, shape.expert_bytes, float(shape.hidden),
+                float(structure.tokens_per_read), family.cache_bytes, shape.expert_bytes, float(shape.hidden),
                 float(shape.intermediate), c["fixed"], c["per_expert"], c["per_slot"], c["hbm"], c["cache"],
-                self.roofline.peak_bandwidth_gbps, self.roofline.peak_tflops,
+                family.roofline.peak_bandwidth_gbps, family.roofline.peak_tflops, c.get("tile", 0.0),
+                float(structure.tile_tokens), float(structure.tile_step), float(top_k),
             ]  # fmt: skip
-            widths = np.asarray(self.structure.variants, np.float64)
-            params = self._compiled[shape] = (
+            widths = np.asarray(structure.variants, np.float64)
+            params = self._compiled[(shape, top_k)] = (
                 np.array(scalars),
                 widths,
                 np.ascontiguousarray(compute, np.float64),
@@ -366,21 +377,21 @@ class ExpertFamily:
             )
         return params
 
-    def fast_time_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape) -> np.ndarray:
-        """`time_us` of passes given by slots, distinct experts and max tokens per expert (arrays of
-        one shape), in one compiled call: the simulator's per-pass path where no table applies
-        (mixed passes, expert-parallel ranks). Tested equal to `time_us`."""
+    def fast_time_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> np.ndarray:
+        """`time_us` of passes of slots / top_k tokens given by slots, distinct experts and max
+        tokens per expert (arrays of one shape), in one compiled call: the simulator's per-pass
+        path where no table applies (mixed passes, expert-parallel ranks). Tested equal to `time_us`."""
         flat = [np.ascontiguousarray(a, np.float64).ravel() for a in (slots, distinct, most)]
         out = np.empty(flat[0].size)
-        _compiled_time_us(*flat, *self._compiled_params(shape), out)
+        _compiled_time_us(*flat, *self._compiled_params(shape, top_k), out)
         return out.reshape(np.shape(slots))
 
-    def fast_layers_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape) -> float:
+    def fast_layers_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> float:
         """Σ over MoE layers of the slowest rank's `time_us`, for (ranks, layers) arrays of slots,
         distinct experts and max tokens per expert, in one compiled call (a pass over expert-parallel
         ranks; one rank: the layers' sum)."""
         arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
-        return float(_compiled_layers_us(*arrays, *self._compiled_params(shape)))
+        return float(_compiled_layers_us(*arrays, *self._compiled_params(shape, top_k)))
 
     def extrapolation_factor(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
         """1.0 inside the calibrated range; else how far outside (max ratio over inputs)."""

@@ -229,7 +229,8 @@ class StepTimeModel:
             if seen < TABLE_AFTER_PASSES:
                 slots = np.full(np.shape(distinct), float(n_tokens * self.preset.top_k))
                 families, shape = self.profile.expert_families, self.expert_shape
-                expert = min(float(families[name].fast_time_us(slots, distinct, most, shape).sum()) for name in names)
+                k = self.preset.top_k
+                expert = min(float(families[name].fast_time_us(slots, distinct, most, shape, k).sum()) for name in names)
                 return self._plus_dense(expert, n_tokens, context_tokens, sequences)
         u = np.asarray(distinct).astype(np.intp)
         m = np.asarray(most).astype(np.intp)
@@ -265,7 +266,8 @@ class StepTimeModel:
         shape = self.expert_shape
         families = self.profile.expert_families
         arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
-        expert = min(families[name].fast_layers_us(*arrays, shape) for name in self._pass_families(n_tokens))
+        k = self.preset.top_k
+        expert = min(families[name].fast_layers_us(*arrays, shape, k) for name in self._pass_families(n_tokens))
         return self._plus_dense(expert, n_tokens, context_tokens, sequences)
 
     def layer_time_table(self, family: str, n_tokens: int) -> np.ndarray:

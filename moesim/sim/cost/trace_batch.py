@@ -177,7 +177,9 @@ class DenseBatchCost:
     ) -> float:
         """The dense pass of the verified and prefilled tokens, each chunk at its prompt so far."""
         tokens = float(np.sum(n_tokens)) + float(chunks.tokens.sum())
-        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)) + chunks.context, float(np.size(context_tokens) + len(chunks)))
+        return self.model.dense_pass_us(
+            tokens, float(np.sum(context_tokens)) + chunks.context, float(np.size(context_tokens) + len(chunks))
+        )
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The drafter's steps for the batch, at the batch's mean context."""

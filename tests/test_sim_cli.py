@@ -175,6 +175,21 @@ def test_invalid_config_exits_2_naming_the_key(cli, tmp_path: Path, base: str, c
     assert not out.exists()
 
 
+def test_weights_that_do_not_fit_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Qwen2-57B-A14B's BF16 weights on one A800 with KV pages from the device's memory: one line
+    on stderr naming the model, the format and the device, exit 2, no output."""
+    text = (
+        SERVING.replace("pages = 60\n", "")
+        .replace("tensor_parallel = 2", "tensor_parallel = 1")
+        .replace('model = "olmoe-1b-7b"\nprofile = "nvidia-h100-sxm-vllm"', 'model = "qwen2-57b-a14b"\nprofile = "nvidia-a800-80gb-vllm"')
+    )
+    assert "qwen2-57b-a14b" in text and "pages = 60" not in text
+    out = tmp_path / "never"
+    code, _, err = cli("simulate", write_config(tmp_path, text), "--out", out)
+    assert_one_line_error(code, err, "'memory'", "qwen2-57b-a14b", "BF16", "NVIDIA A800 80GB SXM", "leave no room")
+    assert not out.exists()
+
+
 def test_missing_trace_and_short_trace(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     missing = write_config(tmp_path, BASE + '\n[trace]\npath = "nope.arrow"\n')
     code, _, err = cli("simulate", missing, "--out", tmp_path / "x")

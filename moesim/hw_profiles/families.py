@@ -354,7 +354,7 @@ class ExpertFamily:
     def _compiled(self) -> dict[tuple[ExpertShape, int], tuple[np.ndarray, ...]]:
         return {}
 
-    def _compiled_params(self, shape: ExpertShape, top_k: int) -> tuple[np.ndarray, ...]:
+    def compiled_params(self, shape: ExpertShape, top_k: int) -> tuple[np.ndarray, ...]:
         """The kernel's parameters for an expert shape and top-k (kept per pair; the format's own bandwidth where it has one)."""
         params = self._compiled.get((shape, top_k))
         if params is None:
@@ -383,7 +383,7 @@ class ExpertFamily:
         path where no table applies (mixed passes, expert-parallel ranks). Tested equal to `time_us`."""
         flat = [np.ascontiguousarray(a, np.float64).ravel() for a in (slots, distinct, most)]
         out = np.empty(flat[0].size)
-        _compiled_time_us(*flat, *self._compiled_params(shape, top_k), out)
+        _compiled_time_us(*flat, *self.compiled_params(shape, top_k), out)
         return out.reshape(np.shape(slots))
 
     def fast_layers_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> float:
@@ -391,7 +391,7 @@ class ExpertFamily:
         distinct experts and max tokens per expert, in one compiled call (a pass over expert-parallel
         ranks; one rank: the layers' sum)."""
         arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
-        return float(_compiled_layers_us(*arrays, *self._compiled_params(shape, top_k)))
+        return float(_compiled_layers_us(*arrays, *self.compiled_params(shape, top_k)))
 
     def extrapolation_factor(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
         """1.0 inside the calibrated range; else how far outside (max ratio over inputs)."""
@@ -424,15 +424,21 @@ class DenseFamily:
         numbers stay numbers, as the simulator's per-pass call passes them; the same arithmetic)."""
         if not (isinstance(bytes_read, float | int) and isinstance(flops, float | int) and isinstance(kernels, float | int)):
             bytes_read, flops, kernels = (np.asarray(v, np.float64) for v in (bytes_read, flops, kernels))
-        return self.launch_us * kernels + bytes_read / (self.bandwidth_gbps * 1e3) + flops * self._flop_coefficient  # type: ignore[return-value]
+        return self.launch_us * kernels + bytes_read / (self.bandwidth_gbps * 1e3) + flops * self.flop_coefficient  # type: ignore[return-value]
 
     @cached_property
-    def _flop_coefficient(self) -> float:
+    def flop_coefficient(self) -> float:
+        """µs per FLOP (0 at an infinite rate)."""
         return _rate_to_coefficient(self.tflops, 1e6)
+
+    @property
+    def attention_coefficient(self) -> float:
+        """µs per attention FLOP (0 at an infinite rate)."""
+        return _rate_to_coefficient(self.attention_tflops, 1e6)
 
     def attention_us(self, flops: np.ndarray | float) -> np.ndarray:
         """Time in µs of attention's FLOPs = flops / attention rate (0 when the rate is inf)."""
-        return np.asarray(flops, np.float64) * _rate_to_coefficient(self.attention_tflops, 1e6)
+        return np.asarray(flops, np.float64) * self.attention_coefficient
 
     def extrapolation_factor(self, bytes_read: np.ndarray | float) -> np.ndarray:
         """The dense family is not calibrated on a grid: always 1.0 (its ε says how far to trust it)."""

@@ -27,6 +27,7 @@ from moesim.errors import InputError
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape, ModelPreset
+from moesim.sim.cost.fast_pass import PassTables
 from moesim.sim.cost.parallel import Parallelism
 
 BEST = "best"
@@ -224,9 +225,10 @@ class StepTimeModel:
         call per family (`ExpertFamily.fast_time_us`): the same numbers either way (tested)."""
         names = self._pass_families(n_tokens)
         if (names[0], n_tokens) not in self._time_tables:
-            seen = self._pass_sizes_seen.get(n_tokens, 0) + 1
-            self._pass_sizes_seen[n_tokens] = seen
-            if seen < TABLE_AFTER_PASSES:
+            tables = self.pass_tables
+            tables.ensure(n_tokens)
+            tables.seen[n_tokens] += 1
+            if tables.seen[n_tokens] < TABLE_AFTER_PASSES:
                 slots = np.full(np.shape(distinct), float(n_tokens * self.preset.top_k))
                 families, shape = self.profile.expert_families, self.expert_shape
                 k = self.preset.top_k
@@ -238,8 +240,40 @@ class StepTimeModel:
         return self._plus_dense(expert, n_tokens, context_tokens, sequences)
 
     @cached_property
-    def _pass_sizes_seen(self) -> dict[int, int]:
-        return {}
+    def pass_tables(self) -> PassTables:
+        """What the compiled pass (`moesim.sim.cost.fast_pass`) needs of this model; it shares
+        with `counts_pass_us` how often each pass size was costed."""
+        shape, k = self.expert_shape, self.preset.top_k
+        families = [self.profile.expert_family(name).compiled_params(shape, k) for name in self.families]
+        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        dense = self.profile.dense
+        attention = bool(np.isfinite(dense.attention_tflops))
+        terms = [
+            weight_bytes, kv_bytes_per_token, params, float(kernels), dense.launch_us, dense.bandwidth_gbps,
+            dense.flop_coefficient, float(attention), self.preset.attention_flops_per_context_token() if attention else 0.0,
+            dense.attention_coefficient, float(self.parallel.devices), self.profile.pass_fixed_us,
+        ]  # fmt: skip
+        return PassTables(families, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices)
+
+    def _pass_choices(self, n_max: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per pass size 0..n_max: which of `families` it may take, and its collectives (µs)."""
+        select = np.ones((n_max + 1, len(self.families)), np.bool_)
+        if self.engine == DISPATCH:
+            index = {name: i for i, name in enumerate(self.families)}
+            chosen = [index[str(name)] for name in np.atleast_1d(self.dispatched(np.arange(1, n_max + 1)))]
+            select[:] = False
+            select[np.arange(1, n_max + 1), chosen] = True
+            select[0] = select[1]
+        comm = np.array([self.comm_us(n) for n in range(n_max + 1)]) if self.parallel.devices > 1 else np.zeros(n_max + 1)
+        return select, comm
+
+    def table_pass_size(self, n_tokens: int) -> None:
+        """Give the compiled pass the (U, M) tables of a pass size (`layer_time_table`, the same numbers)."""
+        tables = self.pass_tables
+        tables.ensure(n_tokens)
+        tables.seen[n_tokens] += 1
+        for f in tables.families_of(n_tokens):
+            tables.add_table(int(f), n_tokens, self.layer_time_table(self.families[f], n_tokens))
 
     def _plus_dense(self, expert_us: float, n_tokens: float, context_tokens: float, sequences: float) -> float:
         """A pass's expert time plus its dense part (attention's FLOPs where the profile prices

@@ -28,6 +28,7 @@ from moesim.errors import InputError
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.unions import PrefillRegion, union_features, union_pass, union_scratch
 from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_us
+from moesim.sim.cost.fast_pass import NEED_TABLE, OUTSIDE, STRAY_ID, pass_total_us, scratch_for
 from moesim.sim.cost.pass_table import NO_CHUNKS, PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.trace import Trace
@@ -74,8 +75,11 @@ class TraceBatchCost:
     trace: Trace
     drafter: Drafter
     prefill_chunk: int = 512
+    compiled: bool = True  # False: the reference path (union counters, then the model's numpy lookups)
     last_distinct_experts: float = field(default=0.0, init=False)
     _scratch: np.ndarray = field(init=False, repr=False)
+    _fast: tuple[np.ndarray, ...] = field(init=False, repr=False)
+    _out: np.ndarray = field(init=False, repr=False)
     _seq_starts: np.ndarray = field(init=False, repr=False)
     _drafting: _Drafting = field(init=False, repr=False)
     _region: PrefillRegion | None = field(default=None, init=False, repr=False)
@@ -89,6 +93,8 @@ class TraceBatchCost:
         if self.prefill_chunk < 1:
             raise InputError(f"prefill chunk must be >= 1 token, got {self.prefill_chunk}")
         self._scratch = union_scratch(len(g.moe_layers), g.experts)
+        self._fast = scratch_for(len(g.moe_layers), g.experts)
+        self._out = np.zeros(2)
         self._seq_starts = self.trace.seq_starts
         self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, {})
 
@@ -105,6 +111,9 @@ class TraceBatchCost:
         if self.model.parallel.ranks > 1:
             return self.mixed_us(seqs, starts, n_tokens, context_tokens, NO_CHUNKS)
         rows = self._seq_starts[seqs] + starts
+        if self.compiled:
+            context, sequences = float(context_tokens.sum()), float(context_tokens.size)
+            return self.compiled_pass_us(rows, n_tokens, _NO_BLOCKS, _NO_BLOCKS, int(n_tokens.sum()), context, sequences, False)
         distinct, most = union_features(self.trace.experts, rows, n_tokens, self.trace.meta.geometry.experts, self._scratch)
         self.last_distinct_experts = float(distinct.sum()) / distinct.size
         return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), float(context_tokens.size))
@@ -128,12 +137,34 @@ class TraceBatchCost:
             lo, hi = np.array(blocks[0], np.int64), np.array(blocks[1], np.int64)
         experts = self.trace.meta.geometry.experts
         ranks = self.model.parallel.ranks
+        total = int(n_tokens.sum()) + int(chunks.tokens.sum())
+        context = float(context_tokens.sum()) + chunks.context
+        if self.compiled and ranks == 1:
+            return self.compiled_pass_us(rows, lengths, lo, hi, total, context, float(context_tokens.size + len(chunks)), True)
         distinct, most, slots = union_pass(self.trace.experts, rows, lengths, experts, self._scratch, self._region, lo, hi, ranks)
         layer_distinct = distinct.sum(axis=0)
         self.last_distinct_experts = float(layer_distinct.sum()) / layer_distinct.size
-        total = int(n_tokens.sum()) + int(chunks.tokens.sum())
-        context = float(context_tokens.sum()) + chunks.context
         return self.model.rank_pass_us(distinct, most, slots, total, context, float(context_tokens.size + len(chunks)))
+
+    def compiled_pass_us(
+        self, rows: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_tokens: int, context: float, sequences: float, mixed: bool
+    ) -> float:
+        """One pass on one device in one compiled call (`moesim.sim.cost.fast_pass`): windows of the
+        trace's rows (first rows, lengths), the prefill region's blocks (lo, hi) of a mixed pass."""
+        tables = self.model.pass_tables
+        tables.ensure(n_tokens)
+        region = self._region.checkpoints if self._region is not None else _NO_CHECKPOINTS
+        args = (self.trace.experts, rows, lengths, rows.size, region, lo, hi, lo.size, self._fast, n_tokens, context, sequences, mixed)
+        status = pass_total_us(*args, tables.arrays(), tables.dense, tables.comm, self._out)
+        if status == NEED_TABLE:
+            self.model.table_pass_size(n_tokens)
+            status = pass_total_us(*args, tables.arrays(), tables.dense, tables.comm, self._out)
+        if status == STRAY_ID:
+            raise ValueError("expert id >= n_experts")
+        if status == OUTSIDE:
+            raise ValueError(f"a window lies outside rows 0..{self.trace.experts.shape[0]}")
+        self.last_distinct_experts = float(self._out[1])
+        return float(self._out[0])
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The drafter's steps for the batch, at the batch's mean context."""
@@ -193,3 +224,5 @@ class DenseBatchCost:
 
 
 _ZERO = np.zeros(1, np.int64)
+_NO_BLOCKS = np.zeros(0, np.int64)
+_NO_CHECKPOINTS = np.zeros((1, 1, 1), np.int32)

@@ -97,26 +97,43 @@ def _uniforms(rng: np.random.Generator, size: int) -> np.ndarray:
 
 
 class _BlockDraws:
-    """Draws precomputed in blocks: `fill(rng, size)` makes the next block of counts."""
+    """Draws precomputed in blocks: `fill(rng, size)` makes the next block of counts. The block is
+    kept as a list (the Python loop's draws) and as an array (the server's compiled lane reads
+    it from `counts` and hands its place back through `at`)."""
 
-    __slots__ = ("_block", "_i", "_rng", "_size")
+    __slots__ = ("_block", "_i", "_rng", "_size", "counts")
 
     def __init__(self, rng: np.random.Generator, size: int) -> None:
         self._rng = rng
         self._size = size
         self._block: list[int] = []
+        self.counts = np.zeros(0, np.int64)
         self._i = 0
 
-    def fill(self, u: np.ndarray) -> list[int]:
+    def fill(self, u: np.ndarray) -> np.ndarray:
         """Counts from a block of uniforms."""
         raise NotImplementedError
 
+    def refill(self) -> None:
+        """The next block of the stream."""
+        self.counts = self.fill(_uniforms(self._rng, self._size))
+        self._block = self.counts.tolist()
+        self._i = 0
+
+    @property
+    def at(self) -> int:
+        """How many counts of the block have been drawn."""
+        return self._i
+
+    @at.setter
+    def at(self, value: int) -> None:
+        self._i = value
+
     def draw(self, position: int) -> int:
         """The next count of the stream (position-independent models)."""
+        if self._i == len(self._block):
+            self.refill()
         i = self._i
-        if i == len(self._block):
-            self._block = self.fill(_uniforms(self._rng, self._size))
-            i = 0
         self._i = i + 1
         return self._block[i]
 
@@ -130,9 +147,9 @@ class _GeometricRequest(_BlockDraws):
         self._k_cap = k_cap
         self._tau: np.ndarray | None = None  # computed when a policy first asks (the oracle)
 
-    def fill(self, u: np.ndarray) -> list[int]:
+    def fill(self, u: np.ndarray) -> np.ndarray:
         """A = floor(ln u / ln α) capped."""
-        return geometric_count(u, self._alpha, self._k_cap).tolist()
+        return geometric_count(u, self._alpha, self._k_cap)
 
     def expected_tokens(self, position: int) -> np.ndarray:
         """τ(k, α) for k = 0..k_cap."""
@@ -197,9 +214,9 @@ class _SurvivalRequest(_BlockDraws):
         self._survival = survival
         self._tau = np.concatenate([[1.0], 1.0 + np.cumsum(survival)])
 
-    def fill(self, u: np.ndarray) -> list[int]:
+    def fill(self, u: np.ndarray) -> np.ndarray:
         """A = #{i : u < S_i}."""
-        return survival_count(u, self._survival).tolist()
+        return survival_count(u, self._survival)
 
     def expected_tokens(self, position: int) -> np.ndarray:
         """τ(k) = 1 + Σ_{i<=k} S_i."""

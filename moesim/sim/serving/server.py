@@ -39,6 +39,7 @@ import simpy
 
 from moesim.sim.cost.pass_table import BatchCostModel, PrefillChunks, TablePassCost
 from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance
+from moesim.sim.serving.lane import FINISHED, Lane, exact_delay
 from moesim.sim.serving.policies import Controller, Policy
 from moesim.sim.serving.scheduler import Scheduler, Scheduling
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
@@ -211,6 +212,7 @@ class Server:
         windows: TraceWindows | None = None,
         progress: Callable[[float], None] | None = None,
         scheduling: Scheduling | None = None,
+        lane: bool = True,
     ) -> None:
         if requests <= 0 and not duration_us > 0:
             raise ValueError("a run needs a request count or a duration")
@@ -241,6 +243,7 @@ class Server:
         self.issued: list[Request] = []
         self.completed = 0
         self._wake: simpy.Event | None = None
+        self.lane = Lane.of(self) if lane else None  # the compiled decode lane (None: the Python loop only)
 
     # ---- services for controllers -----------------------------------------------------------
 
@@ -308,7 +311,28 @@ class Server:
         progress = self.progress
         countdown = PROGRESS_EVERY
         clock = env.now
+        lane = self.lane
         while True:
+            if lane is not None and active and not prefilling and not (queue and len(active) < max_batch):
+                status, done, end = lane.run(active, clock, self.duration_us, closed and (not queue or len(active) >= max_batch))
+                if done:
+                    self._lane_records(lane, done)
+                    if extended and len(active) > scheduler.max_running:
+                        scheduler.max_running = len(active)
+                    yield timeout(exact_delay(clock, end))
+                    clock = env.now
+                    if status == FINISHED:
+                        for request in lane.finished(active):
+                            self._finish(request, clock, closed)
+                    if progress is not None:
+                        countdown -= done
+                        if countdown <= 0:
+                            countdown = PROGRESS_EVERY
+                            progress(self._done_fraction())
+                    continue
+                lane.store()  # the Python loop takes this iteration
+            elif lane is not None:
+                lane.store()
             admitted: tuple[Request, ...] | list[Request] = no_admissions
             prefill_us = 0.0
             if not extended and queue and len(active) < max_batch:
@@ -440,6 +464,26 @@ class Server:
                     countdown = PROGRESS_EVERY
                     progress(self._done_fraction())
 
+    def _lane_records(self, lane: Lane, done: int) -> None:
+        """Append the lane's last iterations to the records (as the loop appends its own)."""
+        start, draft, verify, distinct, batch, pages, rids, ks, accepted = lane.records(done)
+        rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = self._it
+        rec_start += start
+        rec_draft += draft
+        rec_verify += verify
+        rec_batch += batch
+        rec_distinct += distinct
+        if self.scheduling.extended:
+            rec_prefill_tokens, rec_pages, rec_preempted, rec_swap = self._ext
+            rec_prefill_tokens += [0] * done
+            rec_pages += pages
+            rec_preempted += [0] * done
+            rec_swap += [0.0] * done
+        step_request, step_k, step_acc = self._steps
+        step_request += rids
+        step_k += ks
+        step_acc += accepted
+
     def _finish(self, request: Request, now: float, closed: bool) -> None:
         request.finish_us = now
         if self.scheduler.kv is not None:
@@ -471,6 +515,8 @@ class Server:
         return self._record()
 
     def _record(self) -> ServerRecord:
+        if self.lane is not None:
+            self.lane.store()
         start, draft, verify, batch, distinct = self._it
         admit_at, prefill_sparse, admitted_sparse = self._admissions
         step_request, step_k, step_acc = self._steps

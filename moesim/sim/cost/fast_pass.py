@@ -1,0 +1,264 @@
+"""One pass of the trace-driven step-time model in one compiled call (the simulator's per-iteration
+cost; the reference is `TraceBatchCost` through `union_pass`/`union_features` and
+`StepTimeModel.counts_pass_us`/`rank_pass_us`, tested equal bit for bit):
+
+    T(pass) = min over the pass's families of Σ_layers time(U_l, M_l) + dense + fixed (+ collectives)
+
+with U_l, M_l counted from the union of the pass's windows of the trace (and, for a mixed pass,
+the prefill region's blocks), time(U, M) looked up in the per-(U, M) table of the pass size once
+the size has been costed `TABLE_AFTER_PASSES` times and computed by the families' compiled
+formula before (`_element_time_us`), summed over layers in numpy's pairwise order; mixed passes
+(chunked prefill) sum the compiled formula over layers in order, as `fast_layers_us`. No array
+is allocated per call: counts, per-layer features and tables live in `PassTables`.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from moesim.hw_profiles.families import _compiled_layers_us, _element_time_us
+
+NEED_TABLE = -1  # the pass size has been costed often enough: build its tables and call again
+STRAY_ID = -2  # an expert id >= the number of experts
+TABLE_BYTES_KEPT = 256 * 2**20  # tables of the compiled path beyond this are dropped (rebuilt on demand)
+
+
+@numba.njit(cache=True)
+def pairwise_sum(a, lo, n):  # noqa: ANN001, ANN201
+    """Σ a[lo:lo+n] in numpy's order (pairwise, eight accumulators per block of <= 128): the same bits as `a.sum()`."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i = 8
+        while i < n - (n % 8):
+            r0 += a[lo + i]
+            r1 += a[lo + i + 1]
+            r2 += a[lo + i + 2]
+            r3 += a[lo + i + 3]
+            r4 += a[lo + i + 4]
+            r5 += a[lo + i + 5]
+            r6 += a[lo + i + 6]
+            r7 += a[lo + i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    half = n // 2
+    half -= half % 8
+    return pairwise_sum(a, lo, half) + pairwise_sum(a, lo + half, n - half)
+
+
+@numba.njit(cache=True)
+def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, counts, features):  # noqa: ANN001, ANN201
+    """features[0, l], [1, l], [2, l] = distinct experts, max tokens per expert and slots of layer l
+    over windows rows[i] .. rows[i] + lengths[i] − 1 (i < n_windows) and blocks of checkpoint
+    differences (b < n_blocks); `counts` (L, E + 1) zero on entry and exit. Returns Σ_l U_l, or −1
+    for an expert id >= E."""
+    _, n_layers, k = experts.shape
+    width = counts.shape[1]
+    for w in range(n_windows):
+        for t in range(rows[w], rows[w] + lengths[w]):
+            for layer in range(n_layers):
+                for j in range(k):
+                    counts[layer, min(np.intp(experts[t, layer, j]), width - 1)] += 1
+    for b in range(n_blocks):
+        lo, hi = block_lo[b], block_hi[b]
+        for layer in range(n_layers):
+            for e in range(n_experts):
+                counts[layer, e] += checkpoints[hi, layer, e] - checkpoints[lo, layer, e]
+    stray = 0
+    total = 0
+    for layer in range(n_layers):
+        u = 0
+        m = 0
+        s = 0
+        for e in range(n_experts):
+            c = counts[layer, e]
+            u += c > 0
+            m = max(m, c)
+            s += c
+            counts[layer, e] = 0
+        for e in range(n_experts, width):
+            stray |= counts[layer, e]
+            counts[layer, e] = 0
+        features[0, layer] = u
+        features[1, layer] = m
+        features[2, layer] = s
+        total += u
+    return -1 if stray else total
+
+
+@numba.njit(cache=True)
+def expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf):  # noqa: ANN001, ANN201
+    """The pass's expert time from its per-layer features (see the module docstring); NEED_TABLE
+    when the size has just reached its tables. `t` is a `PassTables.arrays()` tuple."""
+    select, seen, offsets, buf, after, params, widths, n_widths, compute, serial, n_coef, top_k = t
+    n_families = select.shape[1]
+    n_layers = features.shape[1]
+    first = -1
+    for f in range(n_families):
+        if select[n_tokens, f]:
+            first = f
+            break
+    tabled = False
+    if not mixed:
+        if offsets[first, n_tokens] >= 0:
+            tabled = True
+        else:
+            seen[n_tokens] += 1
+            if seen[n_tokens] >= after:
+                seen[n_tokens] -= 1
+                return np.float64(NEED_TABLE)
+    best = np.inf
+    slots = float(n_tokens * top_k)
+    for f in range(n_families):
+        if not select[n_tokens, f]:
+            continue
+        w, c = widths[f, : n_widths[f]], compute[f, : n_coef[f]]
+        s = serial[f, : n_coef[f]]
+        if mixed:
+            for layer in range(n_layers):
+                rank_buf[0, 0, layer] = features[2, layer]
+                rank_buf[1, 0, layer] = features[0, layer]
+                rank_buf[2, 0, layer] = features[1, layer]
+            total = _compiled_layers_us(rank_buf[0], rank_buf[1], rank_buf[2], params[f], w, c, s)
+        elif tabled:
+            base = offsets[f, n_tokens]
+            columns = n_tokens + 1
+            for layer in range(n_layers):
+                layer_buf[layer] = buf[base + features[0, layer] * columns + features[1, layer]]
+            total = pairwise_sum(layer_buf, 0, n_layers)
+        else:
+            for layer in range(n_layers):
+                layer_buf[layer] = _element_time_us(float(features[0, layer]), slots, float(features[1, layer]), params[f], w, c, s)
+            total = pairwise_sum(layer_buf, 0, n_layers)
+        best = min(best, total)
+    return best
+
+
+@numba.njit(cache=True)
+def plus_dense(expert, n_tokens, context_tokens, sequences, dense, comm):  # noqa: ANN001, ANN201
+    """`StepTimeModel._plus_dense` compiled, the same operations in the same order; `dense` =
+    weight bytes, KV bytes per token, params, kernels, launch µs, bandwidth GB/s, FLOP coefficient,
+    attention priced (1/0), attention FLOPs per context token, attention coefficient, devices,
+    fixed µs."""
+    weight_bytes, kv, params, kernels = dense[0], dense[1], dense[2], dense[3]
+    launch, bandwidth, flop_coefficient = dense[4], dense[5], dense[6]
+    bytes_read = weight_bytes + kv * context_tokens
+    flops = 2.0 * params * n_tokens
+    total_dense = launch * kernels + bytes_read / (bandwidth * 1e3) + flops * flop_coefficient
+    if dense[7]:
+        attention = dense[8] * n_tokens / sequences * context_tokens
+        total_dense += (attention / dense[10]) * dense[9]
+    total = expert + total_dense + dense[11]
+    if dense[10] > 1.0:
+        total = total + comm[n_tokens]
+    return total
+
+
+class PassTables:
+    """What the compiled pass needs of a step-time model, kept between calls: per pass size the
+    families it may take and how often it was costed, the per-(U, M) tables in one flat buffer,
+    the families' compiled parameters, the dense terms and the collectives per pass size."""
+
+    def __init__(self, families: list[tuple[np.ndarray, ...]], dense: np.ndarray, top_k: int, after: int, resolve: object) -> None:
+        self.n_families = len(families)
+        self.params = np.ascontiguousarray(np.stack([f[0] for f in families]))
+        self.n_widths = np.array([f[1].size for f in families], np.int64)
+        self.n_coef = np.array([f[2].size for f in families], np.int64)
+        self.widths = _padded([f[1] for f in families])
+        self.compute = _padded([f[2] for f in families])
+        self.serial = _padded([f[3] for f in families])
+        self.dense = np.asarray(dense, np.float64)
+        self.top_k = top_k
+        self.after = after
+        self._resolve = resolve  # n_max -> (select (n_max + 1, F) bool, comm (n_max + 1,) float)
+        self.select = np.zeros((0, self.n_families), np.bool_)
+        self.comm = np.zeros(0)
+        self.seen = np.zeros(0, np.int64)
+        self.offsets = np.full((self.n_families, 0), -1, np.int64)
+        self.buf = np.zeros(0)
+        self.used = 0
+        self.ensure(64)
+
+    def ensure(self, n_max: int) -> None:
+        """Room for passes of up to n_max tokens."""
+        size = self.seen.size
+        if n_max < size:
+            return
+        grown = max(n_max + 1, 2 * size)
+        self.select, self.comm = self._resolve(grown - 1)  # type: ignore[operator]
+        self.seen = np.concatenate([self.seen, np.zeros(grown - size, np.int64)])
+        self.offsets = np.concatenate([self.offsets, np.full((self.n_families, grown - size), -1, np.int64)], axis=1)
+
+    def families_of(self, n_tokens: int) -> np.ndarray:
+        """Indices of the families a pass of n tokens may take."""
+        return np.flatnonzero(self.select[n_tokens])
+
+    def add_table(self, family: int, n_tokens: int, table: np.ndarray) -> None:
+        """Keep one family's (E + 1, n + 1) table of a pass size."""
+        flat = np.ascontiguousarray(table, np.float64).ravel()
+        if (self.used + flat.size) * 8 > TABLE_BYTES_KEPT:
+            self.offsets[:] = -1
+            self.used = 0
+        if self.used + flat.size > self.buf.size:
+            self.buf = np.concatenate([self.buf[: self.used], np.zeros(max(self.used + flat.size, 2 * self.buf.size) - self.used)])
+        self.buf[self.used : self.used + flat.size] = flat
+        self.offsets[family, n_tokens] = self.used
+        self.used += flat.size
+
+    def arrays(self) -> tuple:
+        """The tuple `expert_us` takes (rebuilt after any growth)."""
+        return (
+            self.select, self.seen, self.offsets, self.buf, self.after, self.params, self.widths, self.n_widths,
+            self.compute, self.serial, self.n_coef, self.top_k,
+        )  # fmt: skip
+
+
+def _padded(rows: list[np.ndarray]) -> np.ndarray:
+    out = np.zeros((len(rows), max(1, *(r.size for r in rows))))
+    for i, r in enumerate(rows):
+        out[i, : r.size] = r
+    return out
+
+
+OUTSIDE = -3  # a window outside the trace's rows
+
+
+@numba.njit(cache=True)
+def pass_total_us(experts, rows, lengths, n_windows, region, lo, hi, n_blocks, scratch, n_tokens, context, sequences, mixed, t, dense, comm, out):  # noqa: ANN001, ANN201
+    """One pass: out[0] = its time (µs), out[1] = mean distinct experts per layer; returns 0, or
+    NEED_TABLE, STRAY_ID, OUTSIDE (nothing counted). `scratch` = (counts, features, layer_buf,
+    rank_buf), `region` the prefill region's checkpoints."""
+    counts, features, layer_buf, rank_buf = scratch
+    for w in range(n_windows):
+        if rows[w] < 0 or lengths[w] < 0 or rows[w] + lengths[w] > experts.shape[0]:
+            return OUTSIDE
+    n_experts = counts.shape[1] - 1
+    distinct = count_union(experts, rows, lengths, n_windows, region, lo, hi, n_blocks, n_experts, counts, features)
+    if distinct < 0:
+        return STRAY_ID
+    expert = expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf)
+    if expert == NEED_TABLE:
+        return NEED_TABLE
+    out[0] = plus_dense(expert, n_tokens, context, sequences, dense, comm)
+    out[1] = float(distinct) / features.shape[1]
+    return 0
+
+
+def scratch_for(n_layers: int, n_experts: int) -> tuple[np.ndarray, ...]:
+    """The buffers `pass_total_us` reuses: counts (zero), features, per-layer times, rank features."""
+    return (
+        np.zeros((n_layers, n_experts + 1), np.int32),
+        np.zeros((3, n_layers), np.int64),
+        np.zeros(n_layers),
+        np.zeros((3, 1, n_layers)),
+    )

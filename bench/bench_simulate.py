@@ -56,8 +56,9 @@ TABLE = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draf
 ALPHA = 0.7
 
 
-def engine_batch1(policy: Policy, passes: int) -> tuple[float, float, int]:
-    """(wall seconds of the run, simulated end time, passes) for one request of ~`passes` passes."""
+def engine_batch1(policy: Policy, passes: int, lane: bool = True) -> tuple[float, float, int]:
+    """(wall seconds of the run, simulated end time, passes) for one request of ~`passes` passes
+    (`lane`: the server's compiled decode lane on, else its Python loop only)."""
     tokens = int(passes * 2.5) if policy.k_cap else passes
     engine = Server(
         cost=TABLE,
@@ -69,6 +70,7 @@ def engine_batch1(policy: Policy, passes: int) -> tuple[float, float, int]:
         requests=1,
         duration_us=0.0,
         seed=0,
+        lane=lane,
     )
     start = time.process_time()
     record = engine.run()
@@ -183,9 +185,11 @@ def engine_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[floa
     return time.process_time() - start, record.prefill_us.size
 
 
-def engine_serving(trace: Trace, duration_us: float, cost: object, scheduling: Scheduling) -> tuple[float, int, int]:
-    """(wall seconds, iterations, prefill iterations) of a closed loop of 32 requests of 512 prompt
-    and 256 output tokens at static k = 3 for `duration_us` of simulated time."""
+def engine_serving(
+    trace: Trace, duration_us: float, cost: object, scheduling: Scheduling, lane: bool = True
+) -> tuple[float, int, int, float, int]:
+    """(wall seconds, iterations, prefill iterations, end time, passes) of a closed loop of 32
+    requests of 512 prompt and 256 output tokens at static k = 3 for `duration_us` of simulated time."""
     windows = TraceWindows.from_trace(trace, offset_stride=0, window_max=4, source="bench")
     engine = Server(
         cost=cost,  # type: ignore[arg-type]
@@ -199,11 +203,13 @@ def engine_serving(trace: Trace, duration_us: float, cost: object, scheduling: S
         seed=0,
         windows=windows,
         scheduling=scheduling,
+        lane=lane,
     )
     start = time.process_time()
     record = engine.run()
     prefills = record.prefill_tokens if record.prefill_tokens is not None else record.admitted
-    return time.process_time() - start, record.prefill_us.size, int(np.count_nonzero(prefills))
+    wall = time.process_time() - start
+    return wall, record.prefill_us.size, int(np.count_nonzero(prefills)), record.end_us, record.step_request.size
 
 
 def best_of(repeats: int, measure: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
@@ -222,9 +228,12 @@ def main() -> None:
     engine_batch1(Static(k=3), 2000)  # warm-up (imports, first allocations)
     wall_loop, end_loop, passes_loop = best_of(repeats, lambda: plain_loop_batch1(3, int(args.passes * 2.5)))
     wall, end_us, passes = best_of(repeats, lambda: engine_batch1(Static(k=3), args.passes))
-    assert passes == passes_loop and abs(end_us - end_loop) <= 1e-6 * end_loop, "engine and plain loop disagree"
+    wall_py, end_py, passes_py = best_of(repeats, lambda: engine_batch1(Static(k=3), args.passes, lane=False))
+    assert passes == passes_loop == passes_py and abs(end_us - end_loop) <= 1e-6 * end_loop, "engine and plain loop disagree"
+    assert end_us == end_py, "the lane and the server's Python loop disagree"
     print(f"plain-python loop, batch 1, static k=3: {passes_loop / wall_loop:,.0f} passes/s ({passes_loop} passes)")
     print(f"simpy server,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
+    print(f"simpy server, Python loop only (no lane): {passes_py / wall_py:,.0f} passes/s, {wall_py / wall_loop:.2f}x the plain loop's time")
     wall_c, _, passes_c = best_of(repeats, lambda: engine_batch1(Cascade(), args.passes))
     print(f"simpy server,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
     trace = synthesize(QWEN3, Sticky(keep_prob=0.3), 4096, 32, 0)
@@ -260,13 +269,24 @@ def main() -> None:
     serving_rates = {}
     for label, scheduling in (("KV pages + chunked prefill", serving), ("neither (whole prefills)", Scheduling())):
         step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), "best"), trace, make_drafter("ngram", QWEN3))
-        _, pilot_iters, _ = engine_serving(trace, 1e6, step_cost, scheduling)
+        _, pilot_iters, *_ = engine_serving(trace, 1e6, step_cost, scheduling)
         duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
-        wall_sv, iters_sv, prefills = best_of(repeats, lambda c=step_cost, d=duration_us, sc=scheduling: engine_serving(trace, d, c, sc))
+        fast = best_of(repeats, lambda c=step_cost, d=duration_us, sc=scheduling: engine_serving(trace, d, c, sc))
+        wall_sv, iters_sv, prefills, end_sv, passes_sv = fast
         serving_rates[label] = iters_sv / wall_sv
         print(
             f"simpy server,      batch 32, static k=3, step-time model (engine best), 512+256-token requests, {label}: "
             f"{iters_sv / wall_sv:,.0f} iterations/s ({prefills} of {iters_sv} iterations prefilled)"
+        )
+        reference_cost = TraceBatchCost(
+            StepTimeModel(QWEN3, load_profile("nvidia-h200"), "best"), trace, make_drafter("ngram", QWEN3), compiled=False
+        )
+        engine_serving(trace, 1e6, reference_cost, scheduling, lane=False)
+        ref = best_of(repeats, lambda c=reference_cost, d=duration_us, sc=scheduling: engine_serving(trace, d, c, sc, lane=False))
+        assert (ref[1], ref[3], ref[4]) == (iters_sv, end_sv, passes_sv), "the compiled path and the numpy reference disagree"
+        print(
+            f"  the numpy reference (union counter + numpy lookups, the server's Python loop): {ref[1] / ref[0]:,.0f} iterations/s; "
+            f"the compiled path {ref[0] / wall_sv:.1f}x faster, same passes and end time"
         )
     ratio = serving_rates["KV pages + chunked prefill"] / serving_rates["neither (whole prefills)"]
     print(f"  KV + chunked prefill at {ratio:.2f}x the rate without ({budget.pages:,} pages of 16 tokens)")

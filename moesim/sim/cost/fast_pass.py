@@ -1,3 +1,4 @@
+# ruff: noqa: ANN001  (compiled kernels: Numba types their arguments)
 """One pass of the trace-driven step-time model in one compiled call (the simulator's per-iteration
 cost; the reference is `TraceBatchCost` through `union_pass`/`union_features` and
 `StepTimeModel.counts_pass_us`/`rank_pass_us`, tested equal bit for bit):
@@ -24,8 +25,8 @@ STRAY_ID = -2  # an expert id >= the number of experts
 TABLE_BYTES_KEPT = 256 * 2**20  # tables of the compiled path beyond this are dropped (rebuilt on demand)
 
 
-@numba.njit(cache=True)
-def pairwise_sum(a, lo, n):  # noqa: ANN001, ANN201
+@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+def pairwise_sum(a, lo, n):  # noqa: ANN201
     """Σ a[lo:lo+n] in numpy's order (pairwise, eight accumulators per block of <= 128): the same bits as `a.sum()`."""
     if n < 8:
         res = 0.0
@@ -56,8 +57,8 @@ def pairwise_sum(a, lo, n):  # noqa: ANN001, ANN201
     return pairwise_sum(a, lo, half) + pairwise_sum(a, lo + half, n - half)
 
 
-@numba.njit(cache=True)
-def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, counts, features):  # noqa: ANN001, ANN201
+@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, counts, features):  # noqa: ANN201
     """features[0, l], [1, l], [2, l] = distinct experts, max tokens per expert and slots of layer l
     over windows rows[i] .. rows[i] + lengths[i] − 1 (i < n_windows) and blocks of checkpoint
     differences (b < n_blocks); `counts` (L, E + 1) zero on entry and exit. Returns Σ_l U_l, or −1
@@ -96,8 +97,8 @@ def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_
     return -1 if stray else total
 
 
-@numba.njit(cache=True)
-def expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf):  # noqa: ANN001, ANN201
+@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+def expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf):  # noqa: ANN201
     """The pass's expert time from its per-layer features (see the module docstring); NEED_TABLE
     when the size has just reached its tables. `t` is a `PassTables.arrays()` tuple."""
     select, seen, offsets, buf, after, params, widths, n_widths, compute, serial, n_coef, top_k = t
@@ -144,8 +145,8 @@ def expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf):  # noqa: ANN00
     return best
 
 
-@numba.njit(cache=True)
-def plus_dense(expert, n_tokens, context_tokens, sequences, dense, comm):  # noqa: ANN001, ANN201
+@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+def plus_dense(expert, n_tokens, context_tokens, sequences, dense, comm):  # noqa: ANN201
     """`StepTimeModel._plus_dense` compiled, the same operations in the same order; `dense` =
     weight bytes, KV bytes per token, params, kernels, launch µs, bandwidth GB/s, FLOP coefficient,
     attention priced (1/0), attention FLOPs per context token, attention coefficient, devices,
@@ -233,8 +234,26 @@ def _padded(rows: list[np.ndarray]) -> np.ndarray:
 OUTSIDE = -3  # a window outside the trace's rows
 
 
-@numba.njit(cache=True)
-def pass_total_us(experts, rows, lengths, n_windows, region, lo, hi, n_blocks, scratch, n_tokens, context, sequences, mixed, t, dense, comm, out):  # noqa: ANN001, ANN201
+@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+def pass_total_us(  # noqa: ANN201
+    experts,
+    rows,
+    lengths,
+    n_windows,
+    region,
+    lo,
+    hi,
+    n_blocks,
+    scratch,
+    n_tokens,
+    context,
+    sequences,
+    mixed,
+    t,
+    dense,
+    comm,
+    out,
+):
     """One pass: out[0] = its time (µs), out[1] = mean distinct experts per layer; returns 0, or
     NEED_TABLE, STRAY_ID, OUTSIDE (nothing counted). `scratch` = (counts, features, layer_buf,
     rank_buf), `region` the prefill region's checkpoints."""

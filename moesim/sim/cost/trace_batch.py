@@ -147,7 +147,15 @@ class TraceBatchCost:
         return self.model.rank_pass_us(distinct, most, slots, total, context, float(context_tokens.size + len(chunks)))
 
     def compiled_pass_us(
-        self, rows: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_tokens: int, context: float, sequences: float, mixed: bool
+        self,
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        n_tokens: int,
+        context: float,
+        sequences: float,
+        mixed: bool,
     ) -> float:
         """One pass on one device in one compiled call (`moesim.sim.cost.fast_pass`): windows of the
         trace's rows (first rows, lengths), the prefill region's blocks (lo, hi) of a mixed pass."""

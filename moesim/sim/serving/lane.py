@@ -1,3 +1,4 @@
+# ruff: noqa: ANN001  (compiled kernels: Numba types their arguments)
 """The server's compiled decode lane: iterations in which the batch only decodes (no admission,
 prefill chunk, preemption or swap can happen) run in one compiled call over the batch's state
 held in arrays, the Python loop of `moesim.sim.serving.server` being the reference (tested equal,
@@ -35,8 +36,30 @@ REMAINING, DECODED, POS, POS_START, POS_END, WRAPS, KV_PAGES, PROMPT, SEQ_ROW, R
 SEGMENT = 4096  # iterations one call may run at most
 
 
-@numba.njit(cache=True)
-def _decode(st, draws, n, cfg, kv, ks, rows, lengths, tables, t, dense, comm, experts, region, scratch, out_f, out_i, steps, clock, duration, max_iters):  # noqa: ANN001, ANN201
+@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+def _decode(  # noqa: ANN202
+    st,
+    draws,
+    n,
+    cfg,
+    kv,
+    ks,
+    rows,
+    lengths,
+    tables,
+    t,
+    dense,
+    comm,
+    experts,
+    region,
+    scratch,
+    out_f,
+    out_i,
+    steps,
+    clock,
+    duration,
+    max_iters,
+):
     """Run up to max_iters decode iterations (see the module docstring); returns (status, iterations, clock).
     cfg = k, k cap, token budget, chunked, windows, verify tokens k + 1 (1) or max(k, 1) (0), table mode, KV block tokens."""
     k_fixed, k_cap, budget, chunked, windows, extra, table_mode, block = cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7]

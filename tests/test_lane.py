@@ -1,0 +1,127 @@
+"""The compiled paths of the simulator against their references: one pass of the trace-driven
+step-time model in one compiled call against the union counters and the model's numpy lookups,
+and the server's compiled decode lane against its Python loop (the same records, bit for bit)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from moesim.hw_profiles import load_profile
+from moesim.hw_profiles.catalog import catalog
+from moesim.models import load_preset
+from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.fast_pass import pairwise_sum
+from moesim.sim.cost.parallel import Parallelism
+from moesim.sim.cost.pass_table import PrefillChunks, TablePassCost
+from moesim.sim.cost.steptime import TABLE_AFTER_PASSES, StepTimeModel
+from moesim.sim.cost.trace_batch import TraceBatchCost
+from moesim.sim.serving.acceptance import Geometric
+from moesim.sim.serving.cascade import Cascade
+from moesim.sim.serving.memory import MemorySection, kv_budget
+from moesim.sim.serving.policies import Static
+from moesim.sim.serving.scheduler import Scheduling
+from moesim.sim.serving.server import Server
+from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
+from moesim.tracegen.routing.synth import Sticky, synthesize
+
+QWEN3 = load_preset("qwen3-30b-a3b")
+TRACE = synthesize(QWEN3, Sticky(keep_prob=0.3), 512, 8, 0)
+WINDOWS = TraceWindows.from_trace(TRACE, offset_stride=0, window_max=5, source="test")
+BUDGET = kv_budget(MemorySection(), QWEN3, "BF16", None, catalog()["nvidia-h200"], Parallelism(), None)
+
+
+def test_pairwise_sum_has_numpys_bits() -> None:
+    rng = np.random.default_rng(0)
+    for n in range(0, 300, 7):
+        a = rng.random(n) * 10.0 ** rng.integers(-3, 6, n)
+        assert pairwise_sum(a, 0, n) == a.sum()
+
+
+def _cost(engine: str, compiled: bool) -> TraceBatchCost:
+    return TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), engine), TRACE, make_drafter("ngram", QWEN3), compiled=compiled)
+
+
+@pytest.mark.parametrize("engine", ["dedup", "best"])
+def test_compiled_pass_equals_the_reference(engine: str) -> None:
+    fast, reference = _cost(engine, True), _cost(engine, False)
+    rng = np.random.default_rng(1)
+    for size in (3, 4):
+        for _ in range(TABLE_AFTER_PASSES + 8):  # before and after the pass size gets its tables
+            seqs = rng.integers(0, TRACE.n_seqs, 6)
+            starts = rng.integers(0, 400, 6)
+            n_tokens = np.full(6, size, np.int64)
+            n_tokens[0] = size - 1
+            context = rng.integers(1, 3000, 6)
+            expected = reference.verify_us(seqs, starts, n_tokens, context)
+            assert fast.verify_us(seqs, starts, n_tokens, context) == expected
+            assert fast.last_distinct_experts == reference.last_distinct_experts
+            chunks = PrefillChunks(rng.integers(0, TRACE.n_seqs, 2), rng.integers(0, 300, 2), rng.integers(1, 200, 2))
+            expected = reference.mixed_us(seqs, starts, n_tokens, context, chunks)
+            assert fast.mixed_us(seqs, starts, n_tokens, context, chunks) == expected
+            assert fast.last_distinct_experts == reference.last_distinct_experts
+
+
+def _records(lane: bool, cost: object, scheduling: Scheduling, **changes: object) -> tuple:
+    args: dict = dict(
+        policy=Static(k=3),
+        acceptance=Geometric(alpha=0.7),
+        workload=Workload(prompt_tokens=100, output_tokens=60),
+        arrivals=Arrivals(concurrency=8),
+        max_batch=8,
+        requests=30,
+        duration_us=0.0,
+        seed=0,
+        windows=WINDOWS,
+        scheduling=scheduling,
+    )
+    args.update(changes)
+    server = Server(cost=cost, lane=lane, **args)  # type: ignore[arg-type]
+    record = server.run()
+    assert (server.lane is not None) == lane
+    columns = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.name == "requests":
+            value = [tuple(getattr(r, s) for s in r.__slots__ if s != "acceptance") for r in value]
+            value = repr(value)  # NaN first-token times compare by their text
+        elif isinstance(value, np.ndarray):
+            value = (value.dtype.str, value.shape, value.tobytes())
+        columns[f.name] = value
+    return tuple(sorted(columns.items()))
+
+
+CASES = {
+    "whole prefills": (Scheduling(), {}),
+    "KV pages and chunked prefill": (Scheduling(BUDGET, chunked_prefill=True, token_budget=64), {}),
+    "preemptions": (Scheduling(dataclasses.replace(BUDGET, pages=300), chunked_prefill=True, token_budget=256), {}),
+    "Poisson arrivals": (Scheduling(BUDGET), {"arrivals": Arrivals(kind="poisson", rate_per_s=50.0)}),
+    "cut by the duration": (Scheduling(), {"requests": 0, "duration_us": 3e5}),
+    "batch 1": (Scheduling(), {"max_batch": 1, "arrivals": Arrivals(concurrency=1), "requests": 3, "workload": Workload(10, 5000)}),
+    "MoESD slots": (Scheduling(moesd_slots=True), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kind", ["trace", "table"])
+def test_the_lane_writes_the_python_loops_records(case: str, kind: str) -> None:
+    scheduling, changes = CASES[case]
+
+    def cost() -> object:
+        if kind == "table":
+            return TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draft_step_us=30.0)
+        return _cost("best", True)
+
+    lane = _records(True, cost(), scheduling, **changes)
+    assert lane == _records(False, cost(), scheduling, **changes)
+    assert lane == _records(True, cost(), scheduling, **changes)  # same seed, same records
+
+
+def test_adaptive_policies_keep_the_python_loop() -> None:
+    server = Server(
+        cost=_cost("best", True), policy=Cascade(), acceptance=Geometric(alpha=0.7), workload=Workload(10, 50),
+        arrivals=Arrivals(concurrency=2), max_batch=2, requests=2, duration_us=0.0, seed=0, windows=WINDOWS,
+    )  # fmt: skip
+    assert server.lane is None

@@ -233,7 +233,7 @@ def main() -> None:
     assert end_us == end_py, "the lane and the server's Python loop disagree"
     print(f"plain-python loop, batch 1, static k=3: {passes_loop / wall_loop:,.0f} passes/s ({passes_loop} passes)")
     print(f"simpy server,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
-    print(f"simpy server, Python loop only (no lane): {passes_py / wall_py:,.0f} passes/s, {wall_py / wall_loop:.2f}x the plain loop's time")
+    print(f"simpy server, Python loop only (no lane): {passes_py / wall_py:,.0f} passes/s, {wall_py / wall_loop:.2f}x the plain loop")
     wall_c, _, passes_c = best_of(repeats, lambda: engine_batch1(Cascade(), args.passes))
     print(f"simpy server,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
     trace = synthesize(QWEN3, Sticky(keep_prob=0.3), 4096, 32, 0)

@@ -266,8 +266,8 @@ class Lane:
 
     # ---- running --------------------------------------------------------------------------
 
-    def run(self, active: list[Any], clock: float, duration_us: float, several: bool) -> tuple[int, int, float]:
-        """Decode iterations from `clock` (one unless `several`): (status, iterations, clock after)."""
+    def run(self, active: list[Any], clock: float, duration_us: float, most: int) -> tuple[int, int, float]:
+        """At most `most` (<= SEGMENT) decode iterations from `clock`: (status, iterations, clock after)."""
         kv = self.server.scheduler.kv
         if not self.loaded:
             self.load(active)
@@ -282,7 +282,7 @@ class Lane:
                 t, dense, comm = tables.arrays(), tables.dense, tables.comm
             status, done, end = _decode(
                 self.state, self.draws, self.n, self.cfg, self.kv, self.ks, self.rows, self.lengths, self.tables, t, dense, comm,
-                self.experts, _NO_REGION, self.scratch, self.out_f, self.out_i, self.steps, clock, duration_us, SEGMENT if several else 1,
+                self.experts, _NO_REGION, self.scratch, self.out_f, self.out_i, self.steps, clock, duration_us, most,
             )  # fmt: skip
             if done or status in (STOP, MORE, FINISHED):
                 break

@@ -314,7 +314,8 @@ class Server:
         lane = self.lane
         while True:
             if lane is not None and active and not prefilling and not (queue and len(active) < max_batch):
-                status, done, end = lane.run(active, clock, self.duration_us, closed and (not queue or len(active) >= max_batch))
+                several = closed and (not queue or len(active) >= max_batch)  # nothing outside the batch changes meanwhile
+                status, done, end = lane.run(active, clock, self.duration_us, countdown if several else 1)
                 if done:
                     self._lane_records(lane, done)
                     if extended and len(active) > scheduler.max_running:
@@ -324,10 +325,10 @@ class Server:
                     if status == FINISHED:
                         for request in lane.finished(active):
                             self._finish(request, clock, closed)
-                    if progress is not None:
-                        countdown -= done
-                        if countdown <= 0:
-                            countdown = PROGRESS_EVERY
+                    countdown -= done
+                    if not countdown:
+                        countdown = PROGRESS_EVERY
+                        if progress is not None:
                             progress(self._done_fraction())
                     continue
                 lane.store()  # the Python loop takes this iteration
@@ -458,10 +459,10 @@ class Server:
                     self._finish(request, clock, closed)
             if resumed:
                 active.extend(resumed)
-            if progress is not None:
-                countdown -= 1
-                if not countdown:
-                    countdown = PROGRESS_EVERY
+            countdown -= 1
+            if not countdown:
+                countdown = PROGRESS_EVERY
+                if progress is not None:
                     progress(self._done_fraction())
 
     def _lane_records(self, lane: Lane, done: int) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from moesim.cli.render import console, emit_json, print_json, render_table
+from moesim.models import builtin_names
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Routing trace (Arrow IPC) whose windows the passes replay.")]
 ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in hardware profile name or a profile TOML path.")]
@@ -19,8 +20,12 @@ EngineOpt = Annotated[
         "(the cheapest). Default: dispatch on an engine profile, per_slot otherwise.",
     ),
 ]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Target preset (default: the trace's model).")]
-DrafterOpt = Annotated[str, typer.Option("--drafter", help="ngram, eagle, fixed:US (µs per draft step), or a dense preset.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Target MoE preset, or its .toml / config.json (default: the trace's).")]
+DRAFTER_HELP = (
+    f"ngram, eagle-head (or eagle), fixed:US (µs per draft step), a dense preset ({', '.join(builtin_names('dense'))}) "
+    "or a dense preset .toml / config.json."
+)
+DrafterOpt = Annotated[str, typer.Option("--drafter", help=DRAFTER_HELP)]
 FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format (default: the trace's).")]
 ContextOpt = Annotated[int, typer.Option("--context-tokens", help="KV tokens per sequence at the pass.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]

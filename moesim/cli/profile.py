@@ -128,10 +128,10 @@ def profile_show(
     from moesim.hw_profiles import load_profile
     from moesim.hw_profiles.compare import dedup_comparison
     from moesim.hw_profiles.report import describe_profile
-    from moesim.models import load_preset
+    from moesim.models import load_target
 
     loaded = load_profile(profile)
-    preset = load_preset(model)
+    preset = load_target(model)
     shape = preset.expert_shape(weight_format)
     comparison = dedup_comparison(loaded, shape, preset.experts, preset.top_k)
     description = describe_profile(loaded)

@@ -52,7 +52,7 @@ from moesim.hw_profiles.microbench.routing import (
 )
 from moesim.hw_profiles.microbench.table import MoeShape, measurement_row, summarize_times
 from moesim.machine import cpu_facts
-from moesim.models import load_preset
+from moesim.models import load_target
 from moesim.registry import Registry
 
 DEFAULT_MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b")  # expert shapes measured when none is named
@@ -106,7 +106,7 @@ class TorchBenchConfig:
             if engine not in ENGINES:
                 raise ConfigError(f"torch microbench: {ENGINES.unknown(engine)}")
         if self.dtype not in TORCH_DTYPES:
-            raise ConfigError(f"torch microbench: unknown dtype '{self.dtype}' (known: {', '.join(TORCH_DTYPES)})")
+            raise ConfigError(f"torch microbench: unknown weight format '{self.dtype}' (known: {', '.join(TORCH_DTYPES)})")
         if self.device not in ("cuda", "cpu") and not self.device.startswith("cuda:"):
             raise ConfigError(f"torch microbench: device must be cuda, cuda:N or cpu, got '{self.device}'")
 
@@ -517,5 +517,5 @@ def run_torch_microbench(
 def torch_shapes(models: Sequence[str], dtype: str) -> list[MoeShape]:
     """The routed-expert shapes of model presets (names or preset files) in a torch dtype."""
     if dtype not in TORCH_DTYPES:
-        raise ConfigError(f"torch microbench: unknown dtype '{dtype}' (known: {', '.join(TORCH_DTYPES)})")
-    return [MoeShape.from_preset(load_preset(model), dtype.upper()) for model in models]
+        raise ConfigError(f"torch microbench: unknown weight format '{dtype}' (known: {', '.join(TORCH_DTYPES)})")
+    return [MoeShape.from_preset(load_target(model), dtype.upper()) for model in models]

@@ -18,7 +18,7 @@ from moesim.hw_profiles.families import extrapolated
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.sliding import sliding_distribution
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
-from moesim.models import ModelPreset, builtin_names, load_preset
+from moesim.models import ModelPreset, builtin_names, load_target
 from moesim.sim.cost.drafters import Drafter, make_drafter
 from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_engine
 from moesim.tracegen.formats.trace import Trace, read_trace
@@ -49,7 +49,7 @@ def preset_for_trace(trace: Trace, model: str | None) -> ModelPreset:
     g = trace.meta.geometry
     if model is None and g.model not in builtin_names("moe"):
         raise InputError(f"trace model '{g.model}' is not a built-in preset; give --model PRESET (a name, .toml or config.json)")
-    preset = load_preset(model or g.model)
+    preset = load_target(model or g.model)
     if (preset.top_k, preset.experts, preset.moe_layers) != (g.top_k, g.experts, g.moe_layers):
         raise InputError(
             f"trace of '{g.model}' routes top-{g.top_k} of {g.experts} experts in MoE layers {list(g.moe_layers)[:3]}..., "

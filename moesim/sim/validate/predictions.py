@@ -15,7 +15,7 @@ from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import ExpertFamily, extrapolated
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
-from moesim.models import ModelPreset, builtin_names, load_preset
+from moesim.models import ModelPreset, builtin_names, load_target
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace, read_trace
@@ -83,6 +83,12 @@ class Context:
         self.warnings: list[str] = []
         self._traces: dict[Path, Trace] = {}
         self._presets: dict[str, ModelPreset] = {}
+        families = self.profile.expert_families
+        if options.engine is not None and options.engine not in families:
+            known = ", ".join(families)
+            raise InputError(f"--engine '{options.engine}': profile '{self.profile.name}' has no such expert family ({known})")
+        if options.model is not None:
+            self.preset(options.model)
 
     def trace(self, path: Path) -> Trace:
         """A trace, read once."""
@@ -92,9 +98,9 @@ class Context:
         return self._traces[key]
 
     def preset(self, name: str) -> ModelPreset:
-        """A preset, loaded once."""
+        """A MoE target preset, loaded once."""
         if name not in self._presets:
-            self._presets[name] = load_preset(name)
+            self._presets[name] = load_target(name)
         return self._presets[name]
 
     def family(self, kernel: str, where: str) -> ExpertFamily:
@@ -130,8 +136,6 @@ def target_preset(name: str | None, where: str, ctx: Context, geometry: TraceGeo
     if name is None or not is_preset_reference(str(name)):
         raise InputError(f"{where}: a whole pass needs the target's preset: column 'model' naming a built-in preset, or --model")
     preset = ctx.preset(str(name))
-    if preset.kind != "moe":
-        raise InputError(f"{where}: model preset '{preset.name}' has no experts")
     if geometry is not None and (preset.top_k, preset.experts, preset.moe_layers) != (
         geometry.top_k,
         geometry.experts,

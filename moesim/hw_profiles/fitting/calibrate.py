@@ -177,6 +177,8 @@ def fit_profile(
     measured = read_device_json(device_json) if device_json is not None else None
     device_name = measured.name if measured else (str(frame["device"][0]) if "device" in frame.columns else name)
     spec = lookup_device(device_name)
+    if backend is not None and backend not in BACKENDS:
+        raise InputError(f"--backend '{backend}': must be one of {', '.join(BACKENDS)}")
     backend = backend or (spec.backend if spec else None)
     if backend not in BACKENDS:
         raise InputError(f"device '{device_name}' is not in the catalog: give --backend ({', '.join(BACKENDS)})")

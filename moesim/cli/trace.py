@@ -176,7 +176,7 @@ def trace_import(
     model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
     out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
-    source: Annotated[str, typer.Option(help="auto, table, hf-logits or vllm.")] = "auto",
+    source: Annotated[str, typer.Option(help="auto, table, moe-trace, hf-logits or vllm.")] = "auto",
     normalize: Annotated[bool, typer.Option(help="hf-logits: renormalise the top-k probabilities (norm_topk_prob).")] = False,
     provenance: Annotated[
         Path | None, typer.Option(help="JSON object saying where the routing came from (kept in the trace's metadata).")

@@ -19,6 +19,8 @@ from moesim.models import ModelPreset, builtin_names, load_target
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace, read_trace
+from moesim.tracegen.importers import import_routing
+from moesim.tracegen.importers.moe_trace import traced_model
 
 FEATURE_COLUMNS = ("distinct_experts", "slots", "max_tokens_per_expert")
 FEATURE_FIELDS = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert")  # RoutingFeatures order
@@ -91,10 +93,16 @@ class Context:
             self.preset(options.model)
 
     def trace(self, path: Path) -> Trace:
-        """A trace, read once."""
+        """A trace, read once: a moesim trace, or a Parquet routing table with `moe_trace` metadata
+        (imported with the geometry of the preset it names)."""
         key = path.resolve()
         if key not in self._traces:
-            self._traces[key] = read_trace(path)
+            if path.suffix.lower() == ".parquet":
+                name = traced_model(path)
+                preset = self.preset(name if is_preset_reference(name) or self.options.model is None else self.options.model)
+                self._traces[key] = import_routing(path, TraceGeometry.from_preset(preset), "moe-trace")
+            else:
+                self._traces[key] = read_trace(path)
         return self._traces[key]
 
     def preset(self, name: str) -> ModelPreset:

@@ -29,6 +29,8 @@ from moesim.sim.validate.predictions import (
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
 
+TRACE_SUFFIXES = (".arrow", ".parquet")  # a moesim trace, or a moe-trace routing table (imported on reading)
+
 # ---- table rows ---------------------------------------------------------------------------------
 
 
@@ -67,14 +69,29 @@ class Table:
         return "pass" if all(self.value(c, row) is not None for c in SPEC_COLUMNS) else "expert"
 
     def trace_path(self, row: int, default: Path | None) -> Path:
-        """The trace of a window row: its `trace` column (relative to the table) or the default."""
+        """The trace of a window row: its `trace` column (relative to the table) or the default
+        (--trace: a file, or a folder where bare names are looked up). A bare name (no suffix)
+        is looked up as NAME.arrow or NAME.parquet (NAME may hold dots: `model_p0.50`) in that folder, the table's `traces/` folder
+        and the table's own folder, in that order."""
         text = self.value("trace", row)
-        if text is None and default is None:
-            raise InputError(f"{self.where(row)}: a window row needs a trace (column 'trace' or --trace)")
-        path = default if text is None else (Path(text) if Path(text).is_absolute() else self.source.parent / text)
-        if not path.is_file():  # type: ignore[union-attr]
-            raise InputError(f"{self.where(row)}: trace {path} does not exist")
-        return path  # type: ignore[return-value]
+        folder = default if default is not None and default.is_dir() else None
+        if text is None:
+            if default is None or folder is not None:
+                raise InputError(f"{self.where(row)}: a window row needs a trace (column 'trace' or --trace FILE)")
+            if not default.is_file():
+                raise InputError(f"{self.where(row)}: trace {default} does not exist")
+            return default
+        path = Path(text) if Path(text).is_absolute() else self.source.parent / text
+        if path.is_file():
+            return path
+        if Path(text).suffix.lower() not in TRACE_SUFFIXES:
+            folders = [f for f in (folder, self.source.parent / "traces", self.source.parent) if f is not None]
+            for candidate in (f / f"{text}{suffix}" for f in folders for suffix in TRACE_SUFFIXES):
+                if candidate.is_file():
+                    return candidate
+            looked = ", ".join(str(f) for f in folders)
+            raise InputError(f"{self.where(row)}: field 'trace' is '{text}': no {'/'.join(TRACE_SUFFIXES)} file of that name in {looked}")
+        raise InputError(f"{self.where(row)}: trace {path} does not exist")
 
     def check_model(self, row: int, geometry: TraceGeometry) -> None:
         """The row's model and shape columns, where given, must describe the trace's model."""

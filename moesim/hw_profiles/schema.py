@@ -33,6 +33,9 @@ _EXPERT_RATES = ("hbm_bandwidth_gbps", "cache_bandwidth_gbps")
 _EXPERT_TIMES = ("fixed_us", "per_expert_us", "per_slot_us", "cache_bytes")
 _TILE_KEYS = ("tile_tokens", "tile_step", "tile_tflops")
 _SPLITS = ("leave_one_shape_out", "leave_one_routing_out", "in_sample", "leave_one_size_out")
+_OPTIONAL_TERMS = ("reread_bandwidth_gbps", "variant_bandwidth_gbps", "row_ns")
+CACHE_MODELS = ("working_set", "reuse_distance")
+EXTRA_TABLES: tuple[str, ...] = ()
 
 
 class _Reader:
@@ -182,9 +185,10 @@ def _read_range(reader: _Reader, table: dict[str, Any], path: str) -> Calibrated
 
 def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Roofline) -> ExpertFamily:
     path = f"families.{name}"
-    allowed = {"tokens_per_read", "variants", *_EXPERT_RATES, *_EXPERT_TIMES, "compute_tflops", "serial_ns", "source", "note"}
-    reader.unknown(table, path, allowed | {"calibrated_range", "heldout_error", "format_bandwidth_gbps", *_TILE_KEYS})
-    reader.source(table, path, (*_EXPERT_RATES, *_EXPERT_TIMES, "compute_tflops", "serial_ns", "tile_tflops"))
+    allowed = {"tokens_per_read", "variants", "cache_model", *_EXPERT_RATES, *_EXPERT_TIMES, *_OPTIONAL_TERMS}
+    allowed |= {"compute_tflops", "serial_ns", "source", "note"}
+    reader.unknown(table, path, allowed | {"calibrated_range", "heldout_error", "format_bandwidth_gbps", *_TILE_KEYS, *EXTRA_TABLES})
+    reader.source(table, path, (*_EXPERT_RATES, *_EXPERT_TIMES, *_OPTIONAL_TERMS, "compute_tflops", "serial_ns", "tile_tflops"))
     tokens_per_read = table.get("tokens_per_read")
     if isinstance(tokens_per_read, bool) or not isinstance(tokens_per_read, int) or tokens_per_read < 0:
         raise reader.fail(f"{path}.tokens_per_read", f"must be an integer >= 0 (0 = one read per distinct expert), got {tokens_per_read!r}")
@@ -202,9 +206,24 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
             raise reader.fail(f"{path}.{key}", f"must be an integer >= 0, got {value!r}")
     if tiles["tile_tokens"] and "tile_tflops" not in table:
         raise reader.fail(f"{path}.tile_tflops", "is missing: a tiled kernel needs its tile compute rate")
-    structure = ExpertStructure(tokens_per_read, tuple(variants), tiles["tile_tokens"], tiles["tile_step"])
+    cache_model = table.get("cache_model", "working_set")
+    if cache_model not in CACHE_MODELS:
+        raise reader.fail(f"{path}.cache_model", f"must be one of {', '.join(CACHE_MODELS)}, got {cache_model!r}")
+    variant_terms = "variant_bandwidth_gbps" in table or "row_ns" in table
+    structure = ExpertStructure(
+        tokens_per_read,
+        tuple(variants),
+        tiles["tile_tokens"],
+        tiles["tile_step"],
+        reuse_distance=cache_model == "reuse_distance",
+        reread_rate="reread_bandwidth_gbps" in table,
+        variant_terms=variant_terms,
+    )
     if name == "per_slot" and tokens_per_read != 1:
         raise reader.fail(f"{path}.tokens_per_read", f"must be 1 for the per_slot family, got {tokens_per_read}")
+    if variant_terms and not variants:
+        raise reader.fail(f"{path}.variant_bandwidth_gbps", "needs tile variants (a per-variant term of a kernel without variants)")
+    rates = structure.n_rates if variant_terms else 0
     return ExpertFamily(
         name=name,
         structure=structure,
@@ -223,6 +242,11 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
         note=str(table.get("note", "")),
         tile_tflops=reader.number(table, "tile_tflops", path, positive=True, allow_inf=True) if structure.tile_tokens else math.inf,
         format_bandwidth_gbps=_read_format_rates(reader, table.get("format_bandwidth_gbps", {}), f"{path}.format_bandwidth_gbps"),
+        reread_bandwidth_gbps=(
+            reader.number(table, "reread_bandwidth_gbps", path, positive=True, allow_inf=True) if structure.reread_rate else math.inf
+        ),
+        variant_bandwidth_gbps=reader.numbers(table, "variant_bandwidth_gbps", path, rates, True, True) if rates else (),
+        row_ns=reader.numbers(table, "row_ns", path, rates, False, False) if rates else (),
     )
 
 

@@ -24,13 +24,12 @@ from moesim.filters import apply_filters, parse_filters
 from moesim.hw_profiles.catalog import lookup_device
 from moesim.hw_profiles.families import DenseFamily, Roofline
 from moesim.hw_profiles.fitting.dense_twins import fit_dense_twins, has_dense_twins
-from moesim.hw_profiles.fitting.family_fit import FamilyFit, expert_inputs, fit_family, solve_relative
+from moesim.hw_profiles.fitting.family_fit import CACHE_SHARE, FamilyFit, expert_inputs, fit_family, solve_relative
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.measurements.table import DEVICE_NAME, load_measurements
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance, file_sha256
 
-CACHE_SHARE = 0.5
 DENSE_COMPUTE_SHARE = 0.7
 DENSE_TRANSFER = 0.10
 CACHE_NOTE = (
@@ -239,6 +238,7 @@ def fit_profile(
             roofline,
             sources["table"],
             (tokens_per_read or {}).get(family_name),
+            device.l2_cache_bytes,
         )
         fits.append(fit)
         section_sources[f"families.{family_name}"] = "table"

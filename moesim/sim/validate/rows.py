@@ -12,7 +12,7 @@ import polars as pl
 from moesim.errors import InputError
 from moesim.hw_profiles.families import ExpertFamily, ExpertInputs
 from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.unions import union_features_many
+from moesim.kernels.reuse import window_features
 from moesim.models import bytes_per_weight
 from moesim.sim.cost.steptime import StepTimeModel, finite_or_zero
 from moesim.sim.validate.predictions import (
@@ -131,8 +131,7 @@ class Table:
                 )
             starts.append(seq_starts[seq] + start)
         sizes = self.frame["n_tokens"].to_numpy()[rows]
-        union = union_features_many(trace.experts, np.arange(len(rows) + 1), np.asarray(starts), sizes, trace.meta.geometry.experts)
-        return union.routing_features()
+        return window_features(trace.experts, trace.meta.geometry.experts, np.asarray(starts), sizes)
 
     def expert_shapes(self, rows: list[int], ctx: Context) -> np.ndarray:
         """(rows, 3): hidden, intermediate and bytes of one expert, from the shape columns, else the
@@ -183,6 +182,7 @@ def _expert_time(family: ExpertFamily, features: RoutingFeatures, shape: np.ndar
     x = ExpertInputs.from_arrays(  # RANGE_FIELDS order: features, then bytes, hidden, intermediate
         features.n_tokens, features.slots, features.distinct_experts, features.max_tokens_per_expert,
         shape[:, 2:3], shape[:, :1], shape[:, 1:2],
+        reread_histogram=features.reread_histogram, chunk_reads=features.chunk_reads,
     )  # fmt: skip
     used = np.arange(x.n_tokens.shape[-1])[None, :] < used_layers[:, None]
     time_us = np.where(used, family.inputs_time_us(x), 0.0).sum(axis=-1)
@@ -211,7 +211,7 @@ def _predict_passes(table: Table, rows: list[int], kernel: str, features: Routin
         preset = presets[name]
         model = StepTimeModel(preset, ctx.profile, kernel, fmt)
         shape = (len(index), len(preset.moe_layers))
-        chosen = RoutingFeatures(*(np.broadcast_to(getattr(features, f)[index], shape) for f in FEATURE_FIELDS))
+        chosen = features.select(index, shape)
         context = np.array([table.context_tokens(rows[i], ctx.options.context_tokens) for i in index], np.float64)
         out.put(index, pass_prediction(model, chosen, context))
     return out

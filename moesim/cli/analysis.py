@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 
 from moesim.cli.render import console, emit_json, print_json, render_table
@@ -101,8 +102,9 @@ def predict_command(
     render_table(
         result.table(),
         title=f"Pass time T(n), engine {result.engine}, profile {profile}",
-        caption=f"interval = each family's held-out ε (expert ±{100 * result.cost.expert_epsilon:.1f} %, "
-        f"dense ±{100 * result.cost.dense_epsilon:.1f} %); time rests on: {_provenance_line(result.cost.provenance_share())}",
+        caption=f"interval = each rung's held-out ε (expert up to ±{100 * float(np.max(result.cost.expert_epsilon)):.1f} %, "
+        f"dense ±{100 * result.cost.dense_epsilon:.1f} %; {result.cost.bound_basis}); time rests on: "
+        f"{_provenance_line(result.cost.provenance_share())}; expert time by rung: {_provenance_line(result.cost.rung_share())}",
     )
 
 

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moesim.hw_profiles.heldout import HeldoutError
+from moesim.hw_profiles.ladder.grid import CalibrationGrid, shape_label
+from moesim.hw_profiles.ladder.rungs import EXTRAPOLATED, FITTED, RUNGS, RungErrors, ladder_times, rung_shares
+from moesim.hw_profiles.ladder.transfer import PassTransfer
 from moesim.hw_profiles.provenance import Provenance
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.reuse import cached_rereads
@@ -117,6 +120,7 @@ class ExpertInputs:
     intermediate: np.ndarray
     reread_histogram: np.ndarray | None = None  # shape + (E + 1,): re-reads by LRU stack distance
     chunk_reads: dict[int, np.ndarray] | None = None  # tile T -> Σ_e ceil(c_e / T)
+    cached_rereads: np.ndarray | None = None  # re-reads the family's cache serves, where known (a grid's knots)
 
     @classmethod
     def of(cls, features: RoutingFeatures, shape: ExpertShape) -> ExpertInputs:
@@ -135,7 +139,11 @@ class ExpertInputs:
 
     @classmethod
     def from_arrays(
-        cls, *arrays: object, reread_histogram: np.ndarray | None = None, chunk_reads: dict[int, np.ndarray] | None = None
+        cls,
+        *arrays: object,
+        reread_histogram: np.ndarray | None = None,
+        chunk_reads: dict[int, np.ndarray] | None = None,
+        cached_rereads: np.ndarray | None = None,
     ) -> ExpertInputs:
         """Broadcast seven arrays in RANGE_FIELDS order (and the optional reuse features to their shape)."""
         values = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in arrays))
@@ -145,7 +153,8 @@ class ExpertInputs:
             hist = np.asarray(reread_histogram, np.float64)
             hist = np.broadcast_to(hist, shape + hist.shape[-1:])
         reads = None if chunk_reads is None else {t: np.broadcast_to(np.asarray(r, np.float64), shape) for t, r in chunk_reads.items()}
-        return cls(*values, reread_histogram=hist, chunk_reads=reads)
+        cached = None if cached_rereads is None else np.broadcast_to(np.asarray(cached_rereads, np.float64), shape)
+        return cls(*values, reread_histogram=hist, chunk_reads=reads, cached_rereads=cached)
 
     def field(self, name: str) -> np.ndarray:
         """An input by its range name."""
@@ -155,7 +164,9 @@ class ExpertInputs:
         """The inputs at `index` (a mask or indices of the leading axes)."""
         hist = None if self.reread_histogram is None else self.reread_histogram[index]  # type: ignore[index]
         reads = None if self.chunk_reads is None else {t: r[index] for t, r in self.chunk_reads.items()}  # type: ignore[index]
-        return ExpertInputs(*(self.field(name)[index] for name in RANGE_FIELDS), reread_histogram=hist, chunk_reads=reads)  # type: ignore[index]
+        cached = None if self.cached_rereads is None else self.cached_rereads[index]  # type: ignore[index]
+        values = (self.field(name)[index] for name in RANGE_FIELDS)  # type: ignore[index]
+        return ExpertInputs(*values, reread_histogram=hist, chunk_reads=reads, cached_rereads=cached)
 
 
 def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -173,7 +184,9 @@ def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float
         exact = x.chunk_reads.get(t) if x.chunk_reads else None
         reads, tokens = (u * chunks if exact is None else exact), np.minimum(cmax, t)
     rereads = np.maximum(reads - u, 0.0)
-    if structure.reuse_distance and x.reread_histogram is not None:
+    if structure.reuse_distance and x.cached_rereads is not None:
+        cached = np.minimum(x.cached_rereads, rereads)
+    elif structure.reuse_distance and x.reread_histogram is not None:
         cached = np.minimum(cached_rereads(x.reread_histogram, x.expert_bytes, cache_bytes), rereads)
     else:
         cached = rereads * np.minimum(1.0, cache_bytes / (safe_u * x.expert_bytes))
@@ -268,6 +281,11 @@ class ExpertFamily:
     reread_bandwidth_gbps: float = math.inf  # `reread_rate`: re-read bytes per µs·1e3
     variant_bandwidth_gbps: tuple[float, ...] = ()  # `variant_terms`: bytes rate of first reads, per variant
     row_ns: tuple[float, ...] = ()  # `variant_terms`: ns per slot and output row, per variant
+    grid: CalibrationGrid | None = None  # the lookup ladder's knots (a calibrated profile)
+    shape_fits: dict[str, ExpertFamily] = field(default_factory=dict)  # fitted rung per grid shape
+    rung_errors: RungErrors | None = None
+    pass_transfer: PassTransfer | None = None
+    fit_weight: float = 1.0  # a shape fit: the weight of its shape's rows
 
     def for_format(self, weight_format: str) -> ExpertFamily:
         """The family as it runs weights of a format: a format with its own effective bandwidth
@@ -352,9 +370,100 @@ class ExpertFamily:
         return np.maximum(self.model_time_us(x), floor)
 
     def time_us(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
-        """Time in µs of one MoE layer's expert operation, vectorised over the features' shape."""
-        family = self.for_format(shape.weight_format) if self.format_bandwidth_gbps else self
-        return family.inputs_time_us(ExpertInputs.of(features, shape))
+        """Time in µs of one MoE layer's expert operation (the lookup ladder's, at the weight format's
+        rates), vectorised over the features' shape."""
+        return self.lookup(features, shape).time_us
+
+    def lookup(self, features: RoutingFeatures, shape: ExpertShape, whole_pass: bool = False) -> Lookup:
+        """Time, rung and relative bound of every layer (`whole_pass`: the rungs' whole-pass bounds, where measured)."""
+        return self.for_format(shape.weight_format).inputs_lookup(ExpertInputs.of(features, shape), whole_pass)
+
+    def inputs_lookup(self, x: ExpertInputs, whole_pass: bool = False) -> Lookup:
+        """The lookup ladder for prepared inputs (`moesim.hw_profiles.ladder`): per layer the first
+        rung that applies among exact, interpolated (knots of the same shape and n), fitted, extrapolated."""
+        outside = extrapolated(self.calibrated_range.factor(x))
+        time = np.zeros(np.shape(x.n_tokens))
+        rung = np.full(time.shape, FITTED, np.int8)
+        groups = _shape_groups(x) if self.shape_fits or self.grid is not None else [(None, np.ones(time.shape, bool))]
+        for label, where in groups:
+            model = self.shape_fits.get(label, self) if label is not None else self
+            part = x if len(groups) == 1 else x.select(where)
+            fitted = model.inputs_time_us(part)
+            beyond = outside if len(groups) == 1 else outside[where]
+            t, r = fitted, np.where(beyond, EXTRAPOLATED, FITTED).astype(np.int8)
+            if self.grid is not None:
+                t, r = self._ladder(model, label, part, fitted, beyond)
+            if len(groups) == 1:
+                time, rung = np.asarray(t, np.float64).reshape(time.shape), np.asarray(r, np.int8).reshape(time.shape)
+            else:
+                time[where], rung[where] = t, r
+        fallback = finite_or_nan(self.heldout_error.epsilon)
+        epsilon = self.rung_errors.epsilon(whole_pass, fallback) if self.rung_errors else np.full(len(RUNGS), fallback)
+        return Lookup(time, rung, epsilon[rung])
+
+    def _ladder(
+        self, model: ExpertFamily, label: str | None, x: ExpertInputs, fitted: np.ndarray, outside: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rungs of inputs of one shape, per pass size (`outside`: beyond the calibrated range)."""
+        grid = self.grid
+        time, rung = np.array(fitted, np.float64), np.array(np.where(outside, EXTRAPOLATED, FITTED), np.int8)
+        for n in np.unique(x.n_tokens):
+            index = grid.knots(label, n)  # type: ignore[union-attr]
+            if not index.size:
+                continue
+            where = x.n_tokens == n
+            knots = self.knot_inputs(index, x)
+            features = np.column_stack([x.field(name)[where] for name in grid.interpolate])  # type: ignore[union-attr]
+            time[where], rung[where] = ladder_times(
+                grid.features(index),
+                grid.time_us[index],
+                model.inputs_time_us(knots),
+                features,
+                fitted[where],
+                outside[where],
+            )
+        return time, rung
+
+    def sum_layers(self, x: ExpertInputs, used: np.ndarray | None = None, whole_pass: bool = False) -> LayerSum:
+        """Σ over the layers (last axis; `used` masks them) of the ladder's times, with their rungs'
+        bounds and the time per rung; a whole pass also takes the family's pass-level transfer."""
+        look = self.inputs_lookup(x, whole_pass)
+        used = np.ones(look.time_us.shape, bool) if used is None else np.broadcast_to(used, look.time_us.shape)
+        time = np.where(used, look.time_us, 0.0)
+        epsilon = np.where(np.isfinite(look.epsilon), look.epsilon, 0.0)
+        total, spread = time.sum(axis=-1), (time * epsilon).sum(axis=-1)
+        factor = np.where(used, self.calibrated_range.factor(x), 1.0).max(axis=-1, initial=1.0)
+        summed = LayerSum(total, total - spread, total + spread, rung_shares(time, look.rung), factor)
+        return self.transferred(summed, used.sum(axis=-1)) if whole_pass else summed
+
+    def transferred(self, summed: LayerSum, layers: np.ndarray | float) -> LayerSum:
+        """Whole passes of `layers` MoE layers with the pass-level transfer where it applies (T = a·Σt + b·L)."""
+        transfer = self.pass_transfer
+        if transfer is None or not transfer.applied:
+            return summed
+        total = summed.time_us
+        scale = np.divide(transfer.pass_us(total, layers), total, out=np.ones_like(total), where=total > 0)
+        return LayerSum(
+            total * scale, summed.low_us * scale, summed.high_us * scale, summed.rung_us * scale[..., None], summed.extrapolation
+        )
+
+    @property
+    def bound_basis(self) -> str:
+        """What a whole pass's bound rests on: the rungs' whole-pass held-out errors, or the one-layer fit."""
+        if self.rung_errors is not None and self.rung_errors.whole_pass:
+            return f"{self.name}: whole-pass leave-one-model-out per rung"
+        return f"{self.name}: one-layer fit"
+
+    def knot_inputs(self, index: np.ndarray, like: ExpertInputs) -> ExpertInputs:
+        """Model inputs of grid knots (the expert shape of `like`, which shares their shape)."""
+        g = self.grid
+        t = self.structure.tokens_per_read
+        return ExpertInputs.from_arrays(
+            g.n_tokens[index], g.slots[index], g.distinct_experts[index], g.max_tokens_per_expert[index],  # type: ignore[union-attr]
+            like.expert_bytes.flat[0], like.hidden.flat[0], like.intermediate.flat[0],
+            chunk_reads={t: g.chunk_reads[index]} if t > 1 else None,  # type: ignore[union-attr]
+            cached_rereads=g.cached_rereads[index] if self.structure.reuse_distance else None,  # type: ignore[union-attr]
+        )  # fmt: skip
 
     def extrapolation_factor(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
         """1.0 inside the calibrated range; else how far outside (max ratio over inputs)."""
@@ -364,6 +473,47 @@ class ExpertFamily:
     def is_dedup(self) -> bool:
         """Deduplicating families read each distinct expert once per pass (or per tile)."""
         return self.name.startswith("dedup")
+
+
+def _shape_groups(x: ExpertInputs) -> list[tuple[str | None, np.ndarray]]:
+    """(grid shape label, mask) of every distinct expert shape and top-k among the inputs."""
+    top_k = np.round(x.slots / np.maximum(x.n_tokens, 1.0))
+    columns = [np.broadcast_to(a, top_k.shape).ravel() for a in (x.hidden, x.intermediate, x.expert_bytes, top_k)]
+    if all(column.size == 0 or (column == column[0]).all() for column in columns):  # one shape: no masks
+        return [(shape_label(*(float(c[0]) if c.size else 0.0 for c in columns)), np.ones(top_k.shape, bool))]
+    unique, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(top_k.shape)
+    return [(shape_label(*row), inverse == i) for i, row in enumerate(unique)]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Per layer: time (µs), rung index into `ladder.rungs.RUNGS`, and the rung's relative bound ε."""
+
+    time_us: np.ndarray
+    rung: np.ndarray
+    epsilon: np.ndarray
+
+
+@dataclass(frozen=True)
+class LayerSum:
+    """Layer times summed per pass: time, bounds (each layer at its rung's ±ε), µs per rung (..., 4), extrapolation factor."""
+
+    time_us: np.ndarray
+    low_us: np.ndarray
+    high_us: np.ndarray
+    rung_us: np.ndarray
+    extrapolation: np.ndarray
+
+    @property
+    def epsilon(self) -> np.ndarray:
+        """Per pass, the relative bound (high − time) / time (0 for an empty pass)."""
+        return np.divide(self.high_us - self.time_us, self.time_us, out=np.zeros_like(self.time_us), where=self.time_us > 0)
+
+
+def finite_or_nan(value: float) -> float:
+    """The value where finite, else NaN."""
+    return float(value) if np.isfinite(value) else math.nan
 
 
 @dataclass(frozen=True)

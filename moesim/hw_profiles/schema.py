@@ -8,6 +8,7 @@ may override it with `<field>_source`. Any problem is one line naming the file a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles.dispatch import dispatch_from_table, dispatch_lines
 from moesim.hw_profiles.families import RANGE_FIELDS, CalibratedRange, DenseFamily, ExpertFamily, ExpertStructure, Roofline
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
+from moesim.hw_profiles.ladder.tables import read_grid, read_rung_errors, read_transfer, rung_error_tables, transfer_table
 from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import FittedRow, Provenance
 from moesim.models import bytes_per_weight
@@ -27,6 +29,7 @@ from moesim.tomlfile import read_toml
 
 FORMAT = "moesim-hardware-profile"
 FORMAT_VERSION = 1
+GRID_ITEMS_PER_LINE = 12
 
 _DEVICE_TEXT = ("name", "engine", "engine_version", "driver_version", "runtime_version")
 _EXPERT_RATES = ("hbm_bandwidth_gbps", "cache_bandwidth_gbps")
@@ -35,7 +38,7 @@ _TILE_KEYS = ("tile_tokens", "tile_step", "tile_tflops")
 _SPLITS = ("leave_one_shape_out", "leave_one_routing_out", "in_sample", "leave_one_size_out")
 _OPTIONAL_TERMS = ("reread_bandwidth_gbps", "variant_bandwidth_gbps", "row_ns")
 CACHE_MODELS = ("working_set", "reuse_distance")
-EXTRA_TABLES: tuple[str, ...] = ()
+EXTRA_TABLES = ("grid", "shape_fits", "rung_error", "pass_transfer")  # the lookup ladder (optional)
 
 
 class _Reader:
@@ -264,6 +267,39 @@ def _read_format_rates(reader: _Reader, table: Any, path: str) -> dict[str, floa
     return rates
 
 
+def _read_ladder(reader: _Reader, family: ExpertFamily, table: dict[str, Any], roofline: Roofline) -> ExpertFamily:
+    """The family's optional lookup ladder: knots, fitted rung per shape, rung bounds, pass-level terms."""
+    path = f"families.{family.name}"
+    grid = None
+    if "grid" in table:
+        grid, source = read_grid(table["grid"], f"{path}.grid", reader.origin)
+        if source not in reader.sources:
+            raise reader.fail(f"{path}.grid.source", f"names unknown source '{source}' (known: {', '.join(reader.sources)})")
+        reader.section_sources[f"{path}.grid"] = source
+    shape_fits = {}
+    fits = table.get("shape_fits", {})
+    if not isinstance(fits, dict):
+        raise reader.fail(f"{path}.shape_fits", "must be a table of shape fits")
+    base = {key: value for key, value in table.items() if key not in (*EXTRA_TABLES, "note")}
+    for label, fit in fits.items():
+        if not isinstance(fit, dict):
+            raise reader.fail(f"{path}.shape_fits.{label}", "must be a table")
+        weight = reader.number(fit, "weight", f"{path}.shape_fits.{label}", positive=True) if "weight" in fit else 1.0
+        parameters = {key: value for key, value in fit.items() if key != "weight"}
+        shape_reader = _Reader(f"{reader.origin} (shape fit {label})", reader.sources)
+        shape_fits[label] = dataclasses.replace(
+            _read_expert(shape_reader, family.name, {**base, **parameters}, roofline), fit_weight=weight
+        )
+    rung_errors = read_rung_errors(table["rung_error"], f"{path}.rung_error", reader.origin) if "rung_error" in table else None
+    for source in (rung_errors.one_layer_source, rung_errors.whole_pass_source) if rung_errors else ():
+        if source and source not in reader.sources:
+            raise reader.fail(f"{path}.rung_error", f"names unknown source '{source}' (known: {', '.join(reader.sources)})")
+    transfer = read_transfer(table["pass_transfer"], f"{path}.pass_transfer", reader.origin) if "pass_transfer" in table else None
+    if transfer is not None and transfer.source not in reader.sources:
+        raise reader.fail(f"{path}.pass_transfer.source", f"names unknown source '{transfer.source}'")
+    return dataclasses.replace(family, grid=grid, shape_fits=shape_fits, rung_errors=rung_errors, pass_transfer=transfer)
+
+
 def _read_dense(reader: _Reader, table: dict[str, Any]) -> DenseFamily:
     path = "families.dense"
     reader.unknown(table, path, {"bandwidth_gbps", "tflops", "launch_us", "attention_tflops", "source", "note", "heldout_error"})
@@ -346,7 +382,7 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
             continue
         if family_name != "per_slot" and not family_name.startswith("dedup"):
             raise reader.fail(f"families.{family_name}", "is not a family name: per_slot, dense or a name starting with dedup")
-        experts[family_name] = _read_expert(reader, family_name, table, roofline)
+        experts[family_name] = _read_ladder(reader, _read_expert(reader, family_name, table, roofline), table, roofline)
     if "dense" not in families_table:
         raise reader.fail("families.dense", "is missing: a profile needs the dense family (non-expert weights, attention, KV)")
     dense = _read_dense(reader, families_table["dense"])
@@ -422,6 +458,28 @@ def _heldout_table(heldout: HeldoutError) -> dict[str, Any]:
         table["transfer"] = heldout.transfer
         table["transfer_note"] = heldout.transfer_note
     return table
+
+
+def _ladder_sections(lines: list[str], profile: HardwareProfile, family: ExpertFamily, path: str) -> None:
+    """The family's lookup ladder (rung bounds, pass-level terms, fitted rung per shape, knots)."""
+    if family.rung_errors is not None:
+        for rung, table in rung_error_tables(family.rung_errors).items():
+            _section(lines, f"{path}.rung_error.{rung}", table)
+    if family.pass_transfer is not None:
+        _section(lines, f"{path}.pass_transfer", transfer_table(family.pass_transfer))
+    for label, fit in family.shape_fits.items():
+        _section(lines, f'{path}.shape_fits."{label}"', {"weight": fit.fit_weight, **fit.parameters(), "note": fit.note or None})
+    if family.grid is not None:
+        grid = family.grid.to_table(profile.section_sources.get(f"{path}.grid", profile.section_sources[path]))
+        lines.extend(["", f"[{path}.grid]"])
+        for key, value in grid.items():
+            lines.append(f"{key} = {_wrapped(value) if isinstance(value, list) and len(value) > GRID_ITEMS_PER_LINE else _value(value)}")
+
+
+def _wrapped(values: list[Any]) -> str:
+    """A long array over several lines."""
+    rows = [", ".join(_value(v) for v in values[i : i + GRID_ITEMS_PER_LINE]) for i in range(0, len(values), GRID_ITEMS_PER_LINE)]
+    return "[\n    " + ",\n    ".join(rows) + ",\n]"
 
 
 def profile_to_toml(profile: HardwareProfile) -> str:
@@ -502,6 +560,7 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         )
         _section(lines, f"{path}.calibrated_range", {key: list(bounds) for key, bounds in family.calibrated_range.bounds.items()})
         _section(lines, f"{path}.heldout_error", _heldout_table(family.heldout_error))
+        _ladder_sections(lines, profile, family, path)
     if profile.dispatch is not None:
         lines.extend(dispatch_lines(profile.dispatch))
     for key, source in profile.sources.items():

@@ -12,8 +12,6 @@ Same inputs and outputs as the fast paths in `windows` and `unions`, computed an
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 
@@ -130,7 +128,7 @@ def window_reuse_means_reference(
     hist = np.zeros((max_pass, n_experts + 1))
     reads = {t: np.zeros(max_pass) for t in tiles}
     for n in range(1, max_pass + 1):
-        first = [a for lo, hi in itertools.pairwise(seq_starts) for a in range(lo, hi - n + 1)]
+        first = [a for lo, hi in np.stack([seq_starts[:-1], seq_starts[1:]], axis=1) for a in range(lo, hi - n + 1)]
         if not first:
             hist[n - 1] = np.nan
             for t in tiles:

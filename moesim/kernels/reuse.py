@@ -134,14 +134,21 @@ def _stream(stream, n_experts, hist):  # noqa: ANN001, ANN202
         hist[distance] += distance > 0
 
 
+@numba.njit(cache=True)
+def _streams(streams, n_experts, hist):  # noqa: ANN001, ANN202
+    for i in range(streams.shape[0]):
+        _stream(streams[i], n_experts, hist[i])
+
+
 def stream_histogram(stream: np.ndarray, n_experts: int) -> np.ndarray:
-    """(E + 1,) re-reads by LRU stack distance of one slot stream (ids in 0..E−1, in read order)."""
-    ids = np.ascontiguousarray(stream, np.int64).reshape(-1)
+    """(..., E + 1) re-reads by LRU stack distance of slot streams (last axis: ids in 0..E−1, in read order)."""
+    ids = np.asarray(stream, np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= n_experts):
         raise ValueError("expert id outside 0..n_experts-1")
-    hist = np.zeros(n_experts + 1, np.int64)
-    _stream(ids, n_experts, hist)
-    return hist
+    flat = np.ascontiguousarray(ids.reshape(-1, ids.shape[-1] if ids.ndim else 0))
+    hist = np.zeros((flat.shape[0], n_experts + 1), np.int64)
+    _streams(flat, n_experts, hist)
+    return hist.reshape((*ids.shape[:-1], n_experts + 1))
 
 
 @numba.njit(cache=True)
@@ -224,12 +231,34 @@ def cached_rereads(histogram: np.ndarray, expert_bytes: np.ndarray | float, cach
     return (hist * share).sum(axis=-1)
 
 
-def window_features(experts: np.ndarray, n_experts: int, starts: np.ndarray, lengths: np.ndarray) -> RoutingFeatures:
-    """Per window (rows starts[i]..starts[i]+lengths[i]-1) and MoE layer: the counts of `unions`
-    with the reuse features of this module, shape (windows, L)."""
-    offsets = np.arange(len(starts) + 1)
-    counts = union_features_many(experts, offsets, starts, lengths, n_experts).routing_features()
-    reuse = reuse_features_many(experts, offsets, starts, lengths, n_experts)
+def group_features(
+    experts: np.ndarray, n_experts: int, group_offsets: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> RoutingFeatures:
+    """Per group of windows (the layout of `unions.union_features_many`) and MoE layer: the counts
+    of `unions` with the reuse features of this module, shape (groups, L)."""
+    counts = union_features_many(experts, group_offsets, starts, lengths, n_experts).routing_features()
+    reuse = reuse_features_many(experts, group_offsets, starts, lengths, n_experts)
     return RoutingFeatures(
         counts.n_tokens, counts.slots, counts.distinct_experts, counts.max_tokens_per_expert, reuse.reread_histogram, reuse.chunk_reads
     )
+
+
+def window_features(experts: np.ndarray, n_experts: int, starts: np.ndarray, lengths: np.ndarray) -> RoutingFeatures:
+    """`group_features` of single windows (rows starts[i]..starts[i]+lengths[i]-1): shape (windows, L)."""
+    return group_features(experts, n_experts, np.arange(len(starts) + 1), starts, lengths)
+
+
+def with_mean_reuse(features: RoutingFeatures, probability: np.ndarray, means: ReuseFeatures, n: int) -> RoutingFeatures:
+    """Cells of a feature distribution of pass size n (`windows.WindowSummary.feature_distribution`)
+    with the window means of pass size n attached, so that every time model linear in the re-reads
+    gets their expectation exactly: each cell's histogram is the mean scaled to its own S − U
+    re-reads, its tile reads its U plus the mean excess over U."""
+    u = features.distinct_experts
+    mean_u = float(np.sum(probability * u))
+    hist = np.asarray(means.reread_histogram[n - 1], np.float64)
+    total = float(hist.sum())
+    rereads = features.slots - u
+    scale = np.where(total > 0, rereads / max(total, 1e-300), 0.0)
+    cells_hist = scale[..., None] * hist
+    reads = {t: u + max(float(r[n - 1]) - mean_u, 0.0) for t, r in means.chunk_reads.items()}
+    return RoutingFeatures(features.n_tokens, features.slots, u, features.max_tokens_per_expert, cells_hist, reads)

@@ -47,6 +47,12 @@ def _scaled_family(
         roofline=roofline,
         heldout_error=heldout,
         provenance=provenance,
+        # the ladder's knots, shape fits and whole-pass evidence are the base device's measurements:
+        # a scaled family predicts from its fitted rung, bounded by its ε (with the transfer)
+        grid=None,
+        shape_fits={},
+        rung_errors=None,
+        pass_transfer=None,
     )
 
 

@@ -214,12 +214,34 @@ def fit_terms(
     term set (the extra per-variant and re-read terms only if more than `TERMS_WITHIN` better).
     Without two groups of either kind, a BIC on the in-sample fit decides.
     """
-    group_sets = _group_sets(groups)
+    group_sets = _group_sets(groups) if len(structures) > 1 else []  # one candidate: nothing to choose
+    scored = _scores(
+        [st for st in structures if not _has_extra_terms(st)] or structures, x, measured_us, cache_bytes, group_sets, delta, l2_bytes
+    )
+    reads = _simplest_within(scored, SIMPLER_WITHIN if group_sets else 0.0)
+    richer = [st for st in structures if _has_extra_terms(st) and st.tokens_per_read == reads[2].tokens_per_read and st != reads[2]]
+    same_reads = [reads, *_scores(richer, x, measured_us, cache_bytes, group_sets, delta, l2_bytes)]
+    best = _simplest_within(same_reads, TERMS_WITHIN if group_sets else 0.0, key=lambda score: (_has_extra_terms(score[2]), score[0]))
+    cache = cache_choice(best[2], x, cache_bytes, l2_bytes)
+    fitted, _ = _fit_one(x, measured_us, best[2], terms_for(best[2]), cache, delta)
+    return FittedTerms(best[2], terms_for(best[2]), fitted.coefficients, best[0], *cache)
+
+
+def _scores(
+    structures: list[ExpertStructure],
+    x: ExpertInputs,
+    measured_us: np.ndarray,
+    cache_bytes: float,
+    group_sets: list[np.ndarray],
+    delta: float,
+    l2_bytes: float | None,
+) -> list[tuple[float, int, ExpertStructure]]:
+    """(criterion, rates, structure) of each structure: grouped-CV Huber loss, or a BIC without groups."""
     n = len(measured_us)
     scored: list[tuple[float, int, ExpertStructure]] = []
     for structure in structures:
         terms = terms_for(structure)
-        if group_sets and len(structures) > 1:
+        if group_sets:
             residuals = []
             for labels in group_sets:
                 for group in np.unique(labels):
@@ -234,12 +256,16 @@ def fit_terms(
             used = sum(1 for value in fitted.coefficients.values() if value > 0)
             criterion = n * math.log(max(float(np.mean(_huber(residual, delta))), 1e-300)) + used * math.log(n)
         scored.append((criterion, structure.n_rates, structure))
-    reads = _simplest_within([score for score in scored if not _has_extra_terms(score[2])] or scored, SIMPLER_WITHIN if group_sets else 0.0)
-    same_reads = [score for score in scored if score[2].tokens_per_read == reads[2].tokens_per_read]
-    best = _simplest_within(same_reads, TERMS_WITHIN if group_sets else 0.0, key=lambda score: (_has_extra_terms(score[2]), score[0]))
-    cache = cache_choice(best[2], x, cache_bytes, l2_bytes)
-    fitted, _ = _fit_one(x, measured_us, best[2], terms_for(best[2]), cache, delta)
-    return FittedTerms(best[2], terms_for(best[2]), fitted.coefficients, best[0], *cache)
+    return scored
+
+
+def _terms_line(coefficients: dict[str, float]) -> str:
+    """'fixed, hbm, compute ×5, ...': the fitted columns, per-variant ones counted."""
+    groups: dict[str, int] = {}
+    for name in coefficients:
+        base = name.rstrip("0123456789")
+        groups[base] = groups.get(base, 0) + 1
+    return ", ".join(f"{name} ×{count}" if count > 1 else name for name, count in groups.items())
 
 
 def _has_extra_terms(structure: ExpertStructure) -> bool:
@@ -451,7 +477,7 @@ def fit_family(
         heldout,
         provenance,
         roofline,
-        note=f"{fitted.structure.describe()}; terms beyond fixed, bytes and compute: {', '.join(fitted.terms)}",
+        note=f"{fitted.structure.describe()}; fitted terms: {_terms_line(fitted.coefficients)}",
     )
     group_errors = tuple(GroupError("leave_one_shape_out", g, s) for g, s in shape_groups_stats) + tuple(
         GroupError("leave_one_routing_out", g, s) for g, s in routing_groups_stats

@@ -63,7 +63,7 @@ def _uniform(n: int, k: int, experts: int, distinct: int, most: int, width: int,
     rng = np.random.default_rng([experts, k, n, distinct])
     draws = draws_for(n * k)
     ids = np.argsort(rng.random((draws, n, experts)), axis=2)[:, :, :k].reshape(draws, -1)
-    hists = np.stack([stream_histogram(stream, experts) for stream in ids]).astype(np.float64)
+    hists = stream_histogram(ids, experts).astype(np.float64)
     counts = np.stack([np.bincount(stream, minlength=experts) for stream in ids])
     used = (counts > 0).sum(axis=1)
     excess = np.stack([_counts_reads(c, tiles) for c in counts]) - used[:, None]

@@ -34,6 +34,7 @@ class Prediction:
                 "expert_us": c.expert_us,
                 "dense_us": c.dense_us,
                 "fixed_us": np.full(self.n.shape, c.fixed_us),
+                "rung": c.rung,
                 "extrapolation": c.extrapolation,
             }
         )
@@ -43,8 +44,10 @@ class Prediction:
         return {
             "engine": self.engine,
             "passes": self.table().to_dicts(),
-            "epsilon": {"expert": self.cost.expert_epsilon, "dense": self.cost.dense_epsilon},
+            "epsilon": {"expert": float(np.max(self.cost.expert_epsilon, initial=0.0)), "dense": self.cost.dense_epsilon},
+            "bound_basis": self.cost.bound_basis,
             "provenance_share": self.cost.provenance_share(),
+            "rung_share": self.cost.rung_share(),
             "warnings": self.warnings,
         }
 

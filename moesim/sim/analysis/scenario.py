@@ -16,6 +16,7 @@ from moesim.errors import InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import extrapolated
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.reuse import window_reuse_means, with_mean_reuse
 from moesim.kernels.sliding import sliding_distribution
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
 from moesim.models import ModelPreset, builtin_names, load_target
@@ -96,19 +97,23 @@ def pass_sizes(max_pass: int, sizes: list[int] | None = None) -> np.ndarray:
 
 def window_distributions(trace: Trace, sizes: np.ndarray) -> list[tuple[RoutingFeatures, np.ndarray]]:
     """Per pass size n, every (U, M) the trace's windows of n positions take with its probability:
-    counted exactly, for n <= 64 all at once (`kernels.windows`), above one n at a time (`kernels.sliding`)."""
+    counted exactly, for n <= 64 all at once (`kernels.windows`) with the windows' mean reuse
+    features attached (`kernels.reuse.with_mean_reuse`), above one n at a time (`kernels.sliding`)."""
     longest = int(trace.seq_lengths().max())
     if int(sizes[-1]) > longest:
         raise InputError(f"pass size {int(sizes[-1])} exceeds the trace's longest sequence ({longest} positions)")
     experts = trace.meta.geometry.experts
     small = [int(n) for n in sizes if n <= MAX_PASS_LIMIT]
     summary = summarize_windows(trace.experts, trace.seq_starts, experts, max(small)) if small else None
-    return [
-        summary.feature_distribution(int(n))
-        if n <= MAX_PASS_LIMIT
-        else sliding_distribution(trace.experts, trace.seq_starts, experts, int(n))
-        for n in sizes
-    ]
+    reuse = window_reuse_means(trace.experts, trace.seq_starts, experts, max(small)) if small else None
+    out = []
+    for n in (int(n) for n in sizes):
+        if n > MAX_PASS_LIMIT:  # the counts alone: re-reads at the working-set distance
+            out.append(sliding_distribution(trace.experts, trace.seq_starts, experts, n))
+            continue
+        features, probability = summary.feature_distribution(n)  # type: ignore[union-attr]
+        out.append((with_mean_reuse(features, probability, reuse, n), probability))  # type: ignore[arg-type]
+    return out
 
 
 def expected_costs(scenario: Scenario, sizes: np.ndarray, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:

@@ -11,10 +11,11 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.hw_profiles.families import ExpertFamily, ExpertInputs
+from moesim.hw_profiles.fitting.routing_reuse import calibration_reuse
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.reuse import window_features
 from moesim.models import bytes_per_weight
-from moesim.sim.cost.steptime import StepTimeModel, finite_or_zero
+from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.validate.predictions import (
     FEATURE_COLUMNS,
     FEATURE_FIELDS,
@@ -28,8 +29,7 @@ from moesim.sim.validate.predictions import (
 )
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
-
-TRACE_SUFFIXES = (".arrow", ".parquet")  # a moesim trace, or a moe-trace routing table (imported on reading)
+from moesim.tracegen.importers import TRACE_SUFFIXES, find_trace
 
 # ---- table rows ---------------------------------------------------------------------------------
 
@@ -86,9 +86,9 @@ class Table:
             return path
         if Path(text).suffix.lower() not in TRACE_SUFFIXES:
             folders = [f for f in (folder, self.source.parent / "traces", self.source.parent) if f is not None]
-            for candidate in (f / f"{text}{suffix}" for f in folders for suffix in TRACE_SUFFIXES):
-                if candidate.is_file():
-                    return candidate
+            found = find_trace(text, folders)
+            if found is not None:
+                return found
             looked = ", ".join(str(f) for f in folders)
             raise InputError(f"{self.where(row)}: field 'trace' is '{text}': no {'/'.join(TRACE_SUFFIXES)} file of that name in {looked}")
         raise InputError(f"{self.where(row)}: trace {path} does not exist")
@@ -104,7 +104,8 @@ class Table:
                 raise InputError(f"{self.where(row)}: field '{column}' is {given}, but the trace's model '{geometry.model}' has {actual}")
 
     def given_features(self, rows: list[int]) -> RoutingFeatures:
-        """Routing features of feature rows, shape (rows, 1), checked for consistency."""
+        """Routing features of feature rows, shape (rows, 1), checked for consistency, with the reuse
+        features their `routing` implies (`hw_profiles.fitting.routing_reuse`, as the fit derives them)."""
         for row in rows:
             n, s, u, m = (self.frame[c][row] for c in FEATURE_FIELDS)
             top_k = self.value("top_k", row)
@@ -113,7 +114,10 @@ class Table:
                     f"{self.where(row)}: routing features are inconsistent (n_tokens {n}, slots {s}, distinct_experts {u}, "
                     f"max_tokens_per_expert {m}{'' if top_k is None else f', top_k {top_k}'})"
                 )
-        return RoutingFeatures(*(self.frame[c].to_numpy()[rows].astype(np.float64)[:, None] for c in FEATURE_FIELDS))
+        counts = [self.frame[c].to_numpy()[rows].astype(np.float64)[:, None] for c in FEATURE_FIELDS]
+        reuse = calibration_reuse(self.frame[rows])  # what the row's `routing` implies, as the fit derives it
+        reads = {t: r[:, None] for t, r in reuse.chunk_reads.items()}
+        return RoutingFeatures(*counts, reuse.reread_histogram[:, None, :], reads)
 
     def window_features(self, rows: list[int], trace: Trace) -> RoutingFeatures:
         """Per row and MoE layer, the features of the row's window of the trace: shape (rows, L)."""
@@ -177,18 +181,22 @@ class Table:
         return float(start + self.frame["n_tokens"][row]) if start is not None else float(default)
 
 
-def _expert_time(family: ExpertFamily, features: RoutingFeatures, shape: np.ndarray, used_layers: np.ndarray) -> Predicted:
-    """Σ over the first `used_layers` MoE layers (last axis) of the family's time, with its ε bound."""
+def _expert_time(family: ExpertFamily, features: RoutingFeatures, shape: np.ndarray, used_layers: np.ndarray, layers: int) -> Predicted:
+    """Σ over the first `used_layers` of `layers` MoE layers (last axis) of the family's ladder, each
+    layer at its rung's ε; a row over every MoE layer is a whole pass (whole-pass bounds and transfer)."""
     x = ExpertInputs.from_arrays(  # RANGE_FIELDS order: features, then bytes, hidden, intermediate
         features.n_tokens, features.slots, features.distinct_experts, features.max_tokens_per_expert,
         shape[:, 2:3], shape[:, :1], shape[:, 1:2],
         reread_histogram=features.reread_histogram, chunk_reads=features.chunk_reads,
     )  # fmt: skip
     used = np.arange(x.n_tokens.shape[-1])[None, :] < used_layers[:, None]
-    time_us = np.where(used, family.inputs_time_us(x), 0.0).sum(axis=-1)
-    factor = np.where(used, family.calibrated_range.factor(x), 1.0).max(axis=-1)
-    epsilon = finite_or_zero(family.heldout_error.epsilon)
-    return Predicted(time_us, time_us * (1.0 - epsilon), time_us * (1.0 + epsilon), factor)
+    out = Predicted.empty(len(used_layers))
+    for whole in (False, True):
+        rows = np.flatnonzero((used_layers == layers) == whole)
+        if rows.size:
+            part = family.sum_layers(x.select(rows), used[rows], whole_pass=whole)
+            out.put(rows, Predicted(part.time_us, part.low_us, part.high_us, part.extrapolation, part.rung_us))
+    return out
 
 
 def _predict_passes(table: Table, rows: list[int], kernel: str, features: RoutingFeatures, trace: Trace | None, ctx: Context) -> Predicted:
@@ -239,10 +247,11 @@ def predict_table(table: Table, ctx: Context) -> Predicted:
             g = trace.meta.geometry
             shape = np.tile([g.hidden, g.expert_intermediate, g.expert_bytes], (len(rows), 1))
             used = np.array([table.layers(r, len(g.moe_layers), len(g.moe_layers)) for r in rows])
-            out.put(rows, _expert_time(family, features, shape, used))
+            out.put(rows, _expert_time(family, features, shape, used, len(g.moe_layers)))
         else:
             repeat = np.array([table.layers(r, 1, None) for r in rows], np.float64)
-            out.put(rows, _expert_time(family, features, table.expert_shapes(rows, ctx), np.ones(len(rows), np.int64)).scaled(repeat))
+            one = np.ones(len(rows), np.int64)
+            out.put(rows, _expert_time(family, features, table.expert_shapes(rows, ctx), one, 0).scaled(repeat))
     return out
 
 

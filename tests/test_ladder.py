@@ -14,6 +14,7 @@ from conftest import DATA
 from moesim.errors import ConfigError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import ExpertInputs
+from moesim.hw_profiles.fitting.derive import derive_profile
 from moesim.hw_profiles.fitting.ladder_fit import WholePasses, fit_transfer
 from moesim.hw_profiles.ladder.interpolate import barycentric
 from moesim.hw_profiles.ladder.rungs import EXACT, EXTRAPOLATED, FITTED, INTERPOLATED, RUNGS, ladder_times
@@ -141,8 +142,10 @@ def test_shipped_whole_pass_evidence() -> None:
         assert transfer is not None and not transfer.applied and (transfer.a, transfer.b_us) == (1.0, 0.0), name
         assert family.rung_errors.whole_pass and family.bound_basis.endswith("whole-pass leave-one-model-out per rung")
     assert PROFILE.sources["passes"].sha256 == hashlib.sha256((DATA / "h200" / "fulldepth" / "passes.parquet").read_bytes()).hexdigest()
-    scaled = load_profile("nvidia-h100-sxm").expert_family("dedup")
-    assert scaled.grid is None and scaled.rung_errors is None and scaled.bound_basis == "dedup: one-layer fit"
+    engine = load_profile("nvidia-h100-sxm-vllm").expert_family("dedup_fused_bm16")  # an engine profile: no knots
+    assert engine.grid is None and engine.rung_errors is None and engine.bound_basis == "dedup_fused_bm16: one-layer fit"
+    derived = derive_profile(PROFILE, "what-if", bandwidth_scale=1.5).expert_family("dedup")  # another device: the H200's knots dropped
+    assert derived.grid is None and not derived.shape_fits and derived.rung_errors is None and derived.pass_transfer is None
 
 
 def test_bad_ladder_tables_are_one_line_naming_the_key() -> None:
@@ -163,3 +166,14 @@ def test_bad_ladder_tables_are_one_line_naming_the_key() -> None:
                 "identity": {}, "candidate": {}}  # fmt: skip
     with pytest.raises(ConfigError, match="a must be 1"):
         read_transfer(transfer, "families.dedup.pass_transfer", "p.toml")
+
+
+def test_row_weights_pull_the_fit_towards_their_rows() -> None:
+    # one coefficient, two rows that disagree by 10 %: a heavy weight on a row makes the fit reproduce it
+    from moesim.hw_profiles.fitting.family_fit import solve_relative
+
+    design, measured = np.array([[1.0], [1.0]]), np.array([100.0, 110.0])
+    for heavy, target in ((0, 100.0), (1, 110.0)):
+        weights = np.where(np.arange(2) == heavy, 1e6, 1.0)
+        assert solve_relative(design, measured, row_weights=weights)[0] == pytest.approx(target, rel=1e-3)
+    assert 100.0 < solve_relative(design, measured)[0] < 110.0

@@ -128,8 +128,9 @@ def test_predict_reports_the_share_of_time_per_rung(cli, tmp_path: Path) -> None
         assert set(share) == set(RUNGS) and sum(share.values()) == pytest.approx(1.0)
         assert all(p["rung"] in RUNGS for p in result["passes"]) and "extrapolation" in result["passes"][0]
     assert result["passes"][0]["rung"] == "exact"  # n = 1: every layer is a calibration point
-    code, _, err = cli("predict", "--trace", trace, "--profile", "nvidia-h100-sxm", "--max-pass", "4", "--json")
-    assert code == 0 and json.loads(_)["rung_share"]["fitted"] == pytest.approx(1.0)  # a scaled profile has no knots
+    code, out, err = cli("predict", "--trace", trace, "--profile", "nvidia-h200-vllm", "--max-pass", "4", "--json")
+    share = json.loads(out)["rung_share"]  # an engine profile has no knots: its fitted model, in or beyond its range
+    assert code == 0 and share["exact"] == share["interpolated"] == 0.0 and share["fitted"] + share["extrapolated"] == pytest.approx(1.0)
 
 
 def test_a_bare_trace_name_that_resolves_nowhere_is_one_line(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -289,13 +289,13 @@ def _fit_columns(
     problem with one more linear constraint) has them equal: refit with the two columns merged.
     """
     design = np.column_stack([columns[name] for name in names])
-    theta = solve_relative(design, measured_us, delta, row_weights)
+    theta = solve_relative(design, measured_us, delta, row_weights=row_weights)
     coefficients = dict(zip(names, (float(t) for t in theta), strict=True))
     if coefficients.get("cache", 0.0) > coefficients["hbm"]:
         merged = {**columns, "hbm": columns["hbm"] + columns["cache"]}
         names = [name for name in names if name != "cache"]
         design = np.column_stack([merged[name] for name in names])
-        theta = solve_relative(design, measured_us, delta, row_weights)
+        theta = solve_relative(design, measured_us, delta, row_weights=row_weights)
         coefficients = dict(zip(names, (float(t) for t in theta), strict=True))
         coefficients["cache"] = coefficients["hbm"]
     return coefficients, design @ np.array([coefficients[name] for name in names]) / measured_us - 1.0

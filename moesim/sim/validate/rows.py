@@ -11,7 +11,7 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.hw_profiles.families import ExpertFamily, ExpertInputs
-from moesim.hw_profiles.fitting.routing_reuse import calibration_reuse
+from moesim.hw_profiles.measurements.routing_reuse import calibration_reuse
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.reuse import window_features
 from moesim.models import bytes_per_weight
@@ -105,7 +105,7 @@ class Table:
 
     def given_features(self, rows: list[int]) -> RoutingFeatures:
         """Routing features of feature rows, shape (rows, 1), checked for consistency, with the reuse
-        features their `routing` implies (`hw_profiles.fitting.routing_reuse`, as the fit derives them)."""
+        features their `routing` implies (`hw_profiles.measurements.routing_reuse`, as the fit derives them)."""
         for row in rows:
             n, s, u, m = (self.frame[c][row] for c in FEATURE_FIELDS)
             top_k = self.value("top_k", row)

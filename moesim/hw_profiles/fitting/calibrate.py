@@ -122,7 +122,7 @@ class FitReport:
         return pl.DataFrame(rows)
 
     def transfer_summary(self) -> pl.DataFrame:
-        """Per family, the whole-pass evidence of the pass-level terms (`pass_transfer.transfer_summary`)."""
+        """Per family, the whole-pass evidence of the pass-level terms (`ladder_fit.transfer_summary`)."""
         return transfer_summary(self.transfers)
 
     def groups(self) -> pl.DataFrame:
@@ -176,7 +176,7 @@ def fit_profile(
     passes: str | os.PathLike[str] | None = None,
 ) -> FitReport:
     """Fit every family of a measurement table into a profile (nothing is written); with a
-    whole-pass table (`passes`), also the pass-level terms and whole-pass bounds (`pass_transfer`)."""
+    whole-pass table (`passes`), also the pass-level terms and whole-pass bounds (`ladder_fit.with_whole_passes`)."""
     table = Path(table)
     frame = apply_filters(load_measurements(table), parse_filters(filters or []), str(table))
     if device_json is None and (table.parent / DEVICE_NAME).is_file():

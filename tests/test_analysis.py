@@ -15,7 +15,7 @@ from moesim.models import builtin_names, load_preset
 from moesim.sim.analysis.batch import batch_analysis
 from moesim.sim.analysis.crossover import crossover_analysis
 from moesim.sim.analysis.predict import predict
-from moesim.sim.analysis.scenario import load_scenario
+from moesim.sim.analysis.scenario import extrapolation_warnings, load_scenario, size_ranges
 from moesim.tracegen.formats.trace import write_trace
 from moesim.tracegen.routing.synth import Sticky, Uniform, synthesize
 
@@ -104,6 +104,28 @@ def test_errors_and_extrapolation_warning(cli, trace_path: Path) -> None:  # typ
     assert code == 0
     assert "warning: batch of B = 64 lies beyond the calibrated range (extrapolation factor 2.00)" in err
     assert json.loads(out)["batches"][1]["extrapolation"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_size_ranges_round_trip(seed: int) -> None:
+    sizes = sorted(set(np.random.default_rng(seed).integers(1, 40, size=12).tolist()))
+    expanded = []
+    for run in size_ranges(sizes).split(", "):
+        low, _, high = run.partition("-")
+        expanded += list(range(int(low), int(high or low) + 1))
+    assert expanded == sizes
+
+
+def test_extrapolation_warnings_are_one_line_per_call() -> None:
+    factor = np.array([1.0, 2.0, 2.0, 1.0, 3.5, 1.0])
+    sizes = np.array([1, 2, 3, 4, 5, 6])
+    assert extrapolation_warnings("pass", "n", factor, sizes) == [
+        "passes of n = 2-3, 5 lie beyond the calibrated range (extrapolation factors 2.00-3.50); the roofline bounds them from below"
+    ]
+    assert extrapolation_warnings("batch", "B", np.array([1.0, 2.0]), np.array([1, 64])) == [
+        "batch of B = 64 lies beyond the calibrated range (extrapolation factor 2.00); the roofline bounds it from below"
+    ]
+    assert extrapolation_warnings("pass", "n", np.ones(3), np.arange(1, 4)) == []
 
 
 def test_crossover_range_contains_nominal(trace_path: Path) -> None:

@@ -109,7 +109,10 @@ CALIBRATION = REPO / "data" / "h200" / "calibration.parquet"
         (("trace", "tiny-model", "--out", "x.gguf", "--format", "nope"), ("(--format) = 'NOPE'", "F32, F16")),
         (("trace", "tiny-model", "--out", "x.gguf", "--arch", "nope"), ("'arch'", "qwen3moe, llama, qwen2moe, olmoe, deepseek2")),
         (("microbench", "torch", "--out", "x", "--format", "nope"), ("unknown weight format 'nope'", "bf16, f16, f32")),
-        (("trace", "import", "t.arrow", "--model", "olmoe-1b-7b", "--out", "u.arrow", "--source", "nope"), ("'nope'", "table, moe-trace, vllm")),
+        (
+            ("trace", "import", "t.arrow", "--model", "olmoe-1b-7b", "--out", "u.arrow", "--source", "nope"),
+            ("'nope'", "table, moe-trace, vllm"),
+        ),
         (("trace", "synth", "--model", "olmoe-1b-7b", "--params", "nope", "--out", "x.arrow"), ("nope", "esft-vanilla-lite-mixture")),
         (
             ("batch", "--trace", "t.arrow", "--profile", "nvidia-h200", "--alpha", "0.8", "--draft-len", "2", "--routing", "nope"),

@@ -126,7 +126,7 @@ def batch_analysis(
         distinct_experts=np.asarray(distinct),
         extrapolation=np.asarray(factor),
         source=list(source),
-        warnings=extrapolation_warnings("batch of B =", np.asarray(factor), sizes),
+        warnings=extrapolation_warnings("batch", "B", np.asarray(factor), sizes),
     )
 
 

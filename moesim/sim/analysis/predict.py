@@ -56,4 +56,4 @@ def predict(scenario: Scenario, max_pass: int = 16, sizes: list[int] | None = No
     """T(n) for n = 1..max_pass (above 64 on a grid, `pass_sizes`) or the given sizes, expected over the trace's windows."""
     n = pass_sizes(max_pass, sizes)
     cost = expected_costs(scenario, n)
-    return Prediction(scenario.model.engine, n, cost, extrapolation_warnings("pass of n =", cost.extrapolation, n))
+    return Prediction(scenario.model.engine, n, cost, extrapolation_warnings("pass", "n", cost.extrapolation, n))

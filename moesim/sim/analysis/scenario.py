@@ -142,12 +142,27 @@ def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0) -> Trace:
     return synthesize(preset, Uniform(), tokens, seqs, seed, trace.meta.geometry.weight_format)
 
 
-def extrapolation_warnings(label: str, factor: np.ndarray, sizes: np.ndarray) -> list[str]:
-    """One warning per prediction beyond the calibrated range, with its extrapolation factor."""
-    out = []
-    for size, f in zip(np.asarray(sizes).ravel(), np.asarray(factor).ravel(), strict=True):
-        if extrapolated(f):
-            out.append(
-                f"{label} {int(size)} lies beyond the calibrated range (extrapolation factor {f:.2f}); the roofline bounds it from below"
-            )
-    return out
+def extrapolation_warnings(noun: str, symbol: str, factor: np.ndarray, sizes: np.ndarray) -> list[str]:
+    """One warning naming every prediction beyond the calibrated range ("passes of n = 1-3, 8") and its factors."""
+    pairs = zip(np.asarray(sizes).ravel(), np.asarray(factor).ravel(), strict=True)
+    flagged = [(int(size), float(f)) for size, f in pairs if extrapolated(f)]
+    if not flagged:
+        return []
+    low, high = min(f for _, f in flagged), max(f for _, f in flagged)
+    factors = f"factor {low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"factors {low:.2f}-{high:.2f}"
+    if len(flagged) == 1:
+        subject, verb, pronoun = f"{noun} of {symbol} = {flagged[0][0]}", "lies", "it"
+    else:
+        subject, verb, pronoun = f"{noun}es of {symbol} = {size_ranges([size for size, _ in flagged])}", "lie", "them"
+    return [f"{subject} {verb} beyond the calibrated range (extrapolation {factors}); the roofline bounds {pronoun} from below"]
+
+
+def size_ranges(sizes: list[int]) -> str:
+    """Sorted sizes as runs of consecutive values: [1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
+    runs: list[list[int]] = []
+    for size in sorted(set(sizes)):
+        if runs and size == runs[-1][1] + 1:
+            runs[-1][1] = size
+        else:
+            runs.append([size, size])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)

@@ -24,6 +24,8 @@ from functools import cached_property
 import numpy as np
 
 from moesim.errors import InputError
+from moesim.hw_profiles.families import ExpertFamily, ExpertInputs, LayerSum
+from moesim.hw_profiles.ladder.rungs import RUNGS, worst_rung
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape, ModelPreset
@@ -69,12 +71,14 @@ class PassCost:
     expert_us: np.ndarray
     dense_us: np.ndarray
     fixed_us: float
-    expert_epsilon: float
+    expert_epsilon: np.ndarray
     dense_epsilon: float
     family: np.ndarray
     extrapolation: np.ndarray
     provenance_us: dict[str, np.ndarray] = field(default_factory=dict)
     expert_by_family_us: dict[str, np.ndarray] = field(default_factory=dict)
+    rung_us: np.ndarray = field(default_factory=lambda: np.zeros((0, len(RUNGS))))  # (..., 4): expert time per rung
+    bound_basis: str = "one-layer fit"
 
     def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0) -> np.ndarray:
         """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + fixed."""
@@ -98,6 +102,17 @@ class PassCost:
         """Share of the summed predicted time resting on each provenance kind."""
         total = float(np.sum(self.total_us()))
         return {kind: float(np.sum(us)) / total for kind, us in self.provenance_us.items()} if total > 0 else {}
+
+    def rung_share(self) -> dict[str, float]:
+        """Share of the summed expert time produced by each rung of the lookup ladder (sums to 1)."""
+        per_rung = self.rung_us.reshape(-1, len(RUNGS)).sum(axis=0)
+        total = float(per_rung.sum())
+        return {rung: float(us) / total for rung, us in zip(RUNGS, per_rung, strict=True)} if total > 0 else {}
+
+    @property
+    def rung(self) -> np.ndarray:
+        """Per pass, the lowest rung any of its expert time needed."""
+        return worst_rung(self.rung_us)
 
 
 @dataclass(frozen=True)
@@ -203,12 +218,11 @@ class StepTimeModel:
         if features.shape[-1] != n_layers:
             raise InputError(f"features cover {features.shape[-1]} MoE layers, model '{self.preset.name}' has {n_layers}")
         shape = self.expert_shape
-        expert_us, extrapolation = {}, {}
+        sums = {}
         for name in self.families:
-            family = self.profile.expert_family(name)
-            expert_us[name] = family.time_us(features, shape).sum(axis=-1)
-            extrapolation[name] = family.extrapolation_factor(features, shape).max(axis=-1)
-        return self.assemble(expert_us, extrapolation, features.n_tokens[..., 0], context_tokens, sequences)
+            family = self.profile.expert_family(name).for_format(shape.weight_format)
+            sums[name] = family.sum_layers(ExpertInputs.of(features, shape), whole_pass=True)
+        return self.assemble(sums, features.n_tokens[..., 0], context_tokens, sequences)
 
     def pass_time_us(self, features: RoutingFeatures, context_tokens: float, sequences: float = 1.0) -> float:
         """The nominal time of one pass (features shaped (MoE layers,), integer counts as the union
@@ -299,24 +313,26 @@ class StepTimeModel:
         self._require_experts()
         n_layers = len(self.preset.moe_layers)
         shape = self.expert_shape
-        expert_us, extrapolation = {}, {}
+        sums = {}
         for name in self.families:
-            family = self.profile.expert_family(name)
-            expert_us[name] = np.array([n_layers * float(p @ family.time_us(f, shape)) for f, p in distributions])
-            extrapolation[name] = np.array([float(family.extrapolation_factor(f, shape)[p > 0].max(initial=1.0)) for f, p in distributions])
+            family = self.profile.expert_family(name).for_format(shape.weight_format)
+            weighted = [_expected(family, ExpertInputs.of(f, shape), p) for f, p in distributions]
+            summed = LayerSum(
+                n_layers * np.array([w.time_us for w in weighted]),
+                n_layers * np.array([w.low_us for w in weighted]),
+                n_layers * np.array([w.high_us for w in weighted]),
+                n_layers * np.stack([w.rung_us for w in weighted]),
+                np.array([float(w.extrapolation) for w in weighted]),
+            )
+            sums[name] = family.transferred(summed, n_layers)
         tokens = np.array([float(f.n_tokens.flat[0]) for f, _ in distributions])
-        return self.assemble(expert_us, extrapolation, tokens, context_tokens, sequences)
+        return self.assemble(sums, tokens, context_tokens, sequences)
 
     def assemble(
-        self,
-        expert_us: dict[str, np.ndarray],
-        extrapolation: dict[str, np.ndarray],
-        total_tokens: np.ndarray,
-        context_tokens: np.ndarray | float,
-        sequences: float = 1.0,
+        self, sums: dict[str, LayerSum], total_tokens: np.ndarray, context_tokens: np.ndarray | float, sequences: float = 1.0
     ) -> PassCost:
         """Choose the family (the engine's, the dispatched one, or the cheapest for `best`), add dense and fixed time."""
-        per_family = np.stack([expert_us[name] for name in self.families])
+        per_family = np.stack([sums[name].time_us for name in self.families])
         if self.engine == DISPATCH:
             index = {name: i for i, name in enumerate(self.families)}
             dispatched = self.dispatched(np.broadcast_to(total_tokens, per_family.shape[1:]))
@@ -327,14 +343,18 @@ class StepTimeModel:
         dense_parts = self.dense_parts_us(total_tokens, np.broadcast_to(context_tokens, np.shape(total_tokens)), sequences)
         dense = sum(dense_parts.values())
         factor = np.ones(expert.shape)
-        epsilon = 0.0
+        epsilon = np.zeros(expert.shape)
+        rung_us = np.zeros((*expert.shape, len(RUNGS)))
         by_kind: dict[str, np.ndarray] = {}
+        bases = []
         for i, name in enumerate(self.families):
             family = self.profile.expert_family(name)
             chosen = choice == i
-            factor = np.where(chosen, extrapolation[name], factor)
+            factor = np.where(chosen, sums[name].extrapolation, factor)
+            epsilon = np.where(chosen, sums[name].epsilon, epsilon)
+            rung_us = np.where(chosen[..., None], sums[name].rung_us, rung_us)
             if chosen.any():
-                epsilon = max(epsilon, finite_or_zero(family.heldout_error.epsilon))
+                bases.append(family.bound_basis)
             kind = family.provenance.kind
             by_kind[kind] = by_kind.get(kind, 0.0) + np.where(chosen, expert, 0.0)
         for part, us in dense_parts.items():
@@ -356,8 +376,21 @@ class StepTimeModel:
             family=np.asarray(self.families)[choice],
             extrapolation=factor,
             provenance_us=by_kind,
-            expert_by_family_us=expert_us,
+            expert_by_family_us={name: sums[name].time_us for name in self.families},
+            rung_us=rung_us,
+            bound_basis="; ".join(dict.fromkeys(bases)) or "one-layer fit",
         )
+
+
+def _expected(family: ExpertFamily, x: ExpertInputs, probability: np.ndarray) -> LayerSum:
+    """One layer of a whole pass: its expected time over a distribution of features (cells with probabilities)."""
+    look = family.inputs_lookup(x, whole_pass=True)
+    factor = float(family.calibrated_range.factor(x)[probability > 0].max(initial=1.0))
+    weighted = probability * look.time_us
+    spread = float(np.sum(weighted * np.where(np.isfinite(look.epsilon), look.epsilon, 0.0)))
+    time = float(np.sum(weighted))
+    rung_us = np.array([float(np.sum(np.where(look.rung == r, weighted, 0.0))) for r in range(len(RUNGS))])
+    return LayerSum(np.float64(time), np.float64(time - spread), np.float64(time + spread), rung_us, np.float64(factor))
 
 
 def finite_or_zero(value: float) -> float:

@@ -35,9 +35,9 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numba
 import numpy as np
 
+from moesim.hw_profiles import family_kernel
 from moesim.hw_profiles.heldout import HeldoutError
 from moesim.hw_profiles.ladder.grid import CalibrationGrid, shape_label
 from moesim.hw_profiles.ladder.rungs import EXTRAPOLATED, FITTED, RUNGS, RungErrors, ladder_times, rung_shares
@@ -230,71 +230,6 @@ def term_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float
                 for i, width in enumerate(structure.variants):
                     columns[f"{name}{width}"] = np.where(index == i, values, 0.0)
     return columns
-
-
-@numba.njit(cache=True)
-def _element_time_us(u, s, cmax, params, widths, compute, serial):  # noqa: ANN001, ANN202
-    """`ExpertFamily.inputs_time_us` of one pass, compiled: the same terms in the same order
-    (`base_columns`, `model_time_us`, the roofline floor); `params` = tokens_per_read, cache_bytes,
-    expert_bytes, hidden, intermediate, the fixed, per_expert, per_slot, hbm and cache
-    coefficients, peak bandwidth and peak TFLOP/s, the tile coefficient, tile_tokens, tile_step and
-    top-k (a pass of s slots has s / top-k tokens)."""
-    t_read = params[0]
-    cache_bytes, b, h, inter = params[1], params[2], params[3], params[4]
-    fixed, per_expert, per_slot, hbm, cache = params[5], params[6], params[7], params[8], params[9]
-    safe_u = max(u, 1.0)
-    if t_read == 1.0:
-        reads, chunks, tokens = s, 1.0, 1.0
-    elif t_read == 0.0:
-        reads, chunks, tokens = u, 1.0, cmax
-    else:
-        chunks = math.ceil(s / safe_u / t_read - 1e-9)
-        reads, tokens = u * chunks, min(cmax, t_read)
-    rereads = max(reads - u, 0.0)
-    hit = min(1.0, cache_bytes / (safe_u * b))
-    active = 1.0 if s > 0 else 0.0
-    v = 0
-    if widths.shape[0]:
-        v = min(np.searchsorted(widths, min(cmax, t_read) - 1e-9), widths.shape[0] - 1)
-    flops = s * 6.0 * h * inter
-    total = flops * compute[v] + active * tokens * chunks * (h + inter) * serial[v]
-    if fixed:
-        total = total + fixed * active
-    if per_expert:
-        total = total + per_expert * u
-    if per_slot:
-        total = total + per_slot * s
-    if hbm:
-        total = total + hbm * (b * (u + rereads * (1.0 - hit)))
-    if cache:
-        total = total + cache * (b * rereads * hit)
-    tile, tile_tokens, tile_step = params[12], params[13], params[14]
-    if tile_tokens and tile:
-        width = tile_tokens
-        if tile_step:
-            width = min(tile_tokens, tile_step * math.ceil(s / params[15] / tile_step - 1e-9))
-        width = max(width, 1.0)
-        total = total + tile * (active * u * math.ceil(s / safe_u / width - 1e-9) * width * 6.0 * h * inter)
-    return max(total, max(u * b / (params[10] * 1e3), flops / (params[11] * 1e6)))
-
-
-@numba.njit(cache=True)
-def _compiled_time_us(slots, distinct, most, params, widths, compute, serial, out):  # noqa: ANN001, ANN202
-    """`_element_time_us` of every pass of flat arrays."""
-    for i in range(slots.shape[0]):
-        out[i] = _element_time_us(distinct[i], slots[i], most[i], params, widths, compute, serial)
-
-
-@numba.njit(cache=True)
-def _compiled_layers_us(slots, distinct, most, params, widths, compute, serial):  # noqa: ANN001, ANN202
-    """Σ over layers of the slowest rank's time, for (ranks, layers) arrays."""
-    total = 0.0
-    for layer in range(slots.shape[1]):
-        slowest = 0.0
-        for r in range(slots.shape[0]):
-            slowest = max(slowest, _element_time_us(distinct[r, layer], slots[r, layer], most[r, layer], params, widths, compute, serial))
-        total += slowest
-    return total
 
 
 def _rate_to_coefficient(rate: float, unit: float) -> float:
@@ -537,34 +472,17 @@ class ExpertFamily:
         return {}
 
     def _compiled_params(self, shape: ExpertShape, top_k: int) -> tuple[np.ndarray, ...]:
-        """The kernel's parameters for an expert shape and top-k (kept per pair; the format's own bandwidth where it has one)."""
+        """The compiled kernel's parameters for an expert shape and top-k, kept per pair."""
         params = self._compiled.get((shape, top_k))
         if params is None:
             family = self.for_format(shape.weight_format) if self.format_bandwidth_gbps else self
-            c = family.coefficients()
-            variant = family._variant_coefficients()
-            compute, serial = variant["compute"], variant["serial"]
-            structure = family.structure
-            scalars = [
-                float(structure.tokens_per_read), family.cache_bytes, shape.expert_bytes, float(shape.hidden),
-                float(shape.intermediate), c["fixed"], c["per_expert"], c["per_slot"], c["hbm"], c["cache"],
-                family.roofline.peak_bandwidth_gbps, family.roofline.peak_tflops, c.get("tile", 0.0),
-                float(structure.tile_tokens), float(structure.tile_step), float(top_k),
-            ]  # fmt: skip
-            widths = np.asarray(structure.variants, np.float64)
-            params = self._compiled[(shape, top_k)] = (
-                np.array(scalars),
-                widths,
-                np.ascontiguousarray(compute, np.float64),
-                np.ascontiguousarray(serial, np.float64),
-            )
+            params = self._compiled[(shape, top_k)] = family_kernel.parameters(family, shape, top_k)
         return params
 
     @property
     def compiled(self) -> bool:
-        """Whether `fast_time_us` / `fast_layers_us` run as one compiled call: a family priced by its
-        fitted terms alone (no ladder knots, no per-shape fits, none of the re-read and per-variant
-        terms `_element_time_us` does not carry); others take the same path as `time_us`."""
+        """Whether `fast_time_us` / `fast_layers_us` run compiled (`family_kernel`): fitted terms alone, no
+        ladder knots, shape fits, re-read or per-variant terms; others take `time_us`'s path."""
         s = self.structure
         return self.grid is None and not self.shape_fits and not (s.reuse_distance or s.reread_rate or s.variant_terms)
 
@@ -577,7 +495,7 @@ class ExpertFamily:
             return self._counts_time_us(slots, distinct, most, shape, top_k)
         flat = [np.ascontiguousarray(a, np.float64).ravel() for a in (slots, distinct, most)]
         out = np.empty(flat[0].size)
-        _compiled_time_us(*flat, *self._compiled_params(shape, top_k), out)
+        family_kernel.pass_times_us(*flat, *self._compiled_params(shape, top_k), out)
         return out.reshape(np.shape(slots))
 
     def fast_layers_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> float:
@@ -587,7 +505,7 @@ class ExpertFamily:
         if not self.compiled:
             return float(self._counts_time_us(slots, distinct, most, shape, top_k).max(axis=0).sum())
         arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
-        return float(_compiled_layers_us(*arrays, *self._compiled_params(shape, top_k)))
+        return float(family_kernel.slowest_rank_layers_us(*arrays, *self._compiled_params(shape, top_k)))
 
     def _counts_time_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> np.ndarray:
         """`time_us` from the four counts a server pass has (the ladder's path, in numpy)."""

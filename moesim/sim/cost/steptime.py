@@ -161,7 +161,16 @@ class StepTimeModel:
 
     def _pass_families(self, n_tokens: int) -> tuple[str, ...]:
         """The families a pass of n tokens may take: the dispatched one, else the engine's (all for `best`)."""
-        return (str(self.dispatched(n_tokens)),) if self.engine == DISPATCH else self.families
+        if self.engine != DISPATCH:
+            return self.families
+        names = self._dispatched_families.get(n_tokens)
+        if names is None:
+            names = self._dispatched_families[n_tokens] = (str(self.dispatched(n_tokens)),)
+        return names
+
+    @cached_property
+    def _dispatched_families(self) -> dict[int, tuple[str, ...]]:
+        return {}
 
     def dense_family_us(self, bytes_read: float, flops: float) -> float:
         """The profile's dense family for one kernel's bytes and FLOPs (drafters run through it)."""
@@ -277,6 +286,8 @@ class StepTimeModel:
         tokens per expert and slots, `moesim.kernels.unions.union_pass`: a mixed pass of chunked
         prefill, or expert parallel): each layer costs its slowest rank, each family evaluated in
         one compiled call (`ExpertFamily.fast_layers_us`: `time_us` per rank and layer)."""
+        if np.shape(distinct)[0] == 1:  # one rank: a pass of n tokens like any other (its tables once frequent)
+            return self.counts_pass_us(n_tokens, np.asarray(distinct)[0], np.asarray(most)[0], context_tokens, sequences)
         shape = self.expert_shape
         families = self.profile.expert_families
         arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]

@@ -397,13 +397,16 @@ def builtin_names(kind: str | None = None) -> list[str]:
     return [n for n, t in _builtin_tables().items() if kind is None or t.get("kind", "moe") == kind]
 
 
+PRESET_FILES = "a preset .toml or a Hugging Face config.json"
+
+
 def load_preset(name_or_path: str | Path) -> ModelPreset:
     """A built-in preset by name, or a preset from a TOML file or a Hugging Face config.json."""
     text = str(name_or_path)
     tables = _builtin_tables()
     if text in tables:
         if tables[text].get("kind") == "eagle":
-            raise InputError(f"preset '{text}' is a draft head; resolve it with draft_for('{text}', target)")
+            raise InputError(f"'{text}' is an EAGLE-style draft head, not a model of its own: name it as a drafter (drafter '{text}')")
         return preset_from_table(text, tables[text])
     path = Path(text)
     if path.suffix == ".toml" or path.suffix == ".json":
@@ -418,7 +421,22 @@ def load_preset(name_or_path: str | Path) -> ModelPreset:
             name, table = path.stem, data
         return preset_from_table(name, table, source=str(path))
     known = ", ".join(n for n in tables if tables[n].get("kind") != "eagle")
-    raise InputError(f"unknown model preset '{text}' (built-in: {known}; or give a .toml or config.json path)")
+    raise InputError(f"unknown model preset '{text}' (built-in: {known}; or {PRESET_FILES})")
+
+
+def load_target(name_or_path: str | Path) -> ModelPreset:
+    """A MoE target preset: a built-in MoE preset or a preset file with routed experts (one line
+    listing the MoE presets when it is not)."""
+    text = str(name_or_path)
+    moe = ", ".join(builtin_names("moe"))
+    if text in _builtin_tables() and text not in builtin_names("moe"):
+        raise InputError(f"'{text}' is a draft model, not a MoE target (MoE presets: {moe}; or {PRESET_FILES})")
+    if text not in _builtin_tables() and Path(text).suffix not in (".toml", ".json"):
+        raise InputError(f"unknown MoE model preset '{text}' (built-in: {moe}; or {PRESET_FILES})")
+    preset = load_preset(text)
+    if preset.kind != "moe":
+        raise InputError(f"{text}: model '{preset.name}' has no routed experts; a target must be a MoE model")
+    return preset
 
 
 def draft_for(name_or_path: str | Path, target: ModelPreset) -> ModelPreset:

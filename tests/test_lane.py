@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from moesim.hw_profiles import load_profile
+from moesim.hw_profiles import family_kernel, load_profile
 from moesim.hw_profiles.catalog import catalog
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import make_drafter
@@ -22,6 +22,7 @@ from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.cascade import Cascade
 from moesim.sim.serving.memory import MemorySection, kv_budget
 from moesim.sim.serving.policies import Static
+from moesim.sim.serving.lane import exact_delays
 from moesim.sim.serving.scheduler import Scheduling
 from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
@@ -40,13 +41,51 @@ def test_pairwise_sum_has_numpys_bits() -> None:
         assert pairwise_sum(a, 0, n) == a.sum()
 
 
-def _cost(engine: str, compiled: bool) -> TraceBatchCost:
-    return TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), engine), TRACE, make_drafter("ngram", QWEN3), compiled=compiled)
+# the lab H200 (its families priced by the lookup ladder: never by the compiled formula) and vLLM's
+# H200 engine profile (families priced by their fitted terms: `ExpertFamily.compiled`)
+PROFILES = {"lab": ("nvidia-h200", ("dedup", "best")), "engine": ("nvidia-h200-vllm", ("dispatch", "best"))}
+SETUPS = [(profile, engine) for profile, engines in PROFILES.values() for engine in engines]
 
 
-@pytest.mark.parametrize("engine", ["dedup", "best"])
-def test_compiled_pass_equals_the_reference(engine: str) -> None:
-    fast, reference = _cost(engine, True), _cost(engine, False)
+def test_exact_delays_reach_the_end_as_simpy_adds_them() -> None:
+    rng = np.random.default_rng(2)
+    twice = 0
+    for _ in range(20_000):
+        now = float(rng.uniform(0.0, 1e6))
+        end = now * float(rng.uniform(1.0, 8.0))  # the lane's clock after several sums, not now + one delay
+        clock = now
+        delays = exact_delays(now, end)
+        for delay in delays:
+            assert delay >= 0.0
+            clock = clock + delay
+        assert clock == end
+        twice += len(delays) == 2
+    assert twice  # a single delay does not always reach the end (a tie rounded to even past it)
+
+
+def _cost(profile: str, engine: str, compiled: bool) -> TraceBatchCost:
+    model = StepTimeModel(QWEN3, load_profile(profile), engine)
+    return TraceBatchCost(model, TRACE, make_drafter("ngram", QWEN3), compiled=compiled)
+
+
+def test_the_profiles_take_both_pricings() -> None:
+    """The lab profile's ladder and its families' formula disagree (so the equalities below would
+    catch the formula used in its place); the engine profile's families run compiled."""
+    lab, engine = load_profile("nvidia-h200"), load_profile("nvidia-h200-vllm")
+    assert not any(f.compiled for f in lab.expert_families.values())
+    assert all(f.compiled for f in engine.expert_families.values())
+    shape, k = QWEN3.expert_shape("BF16"), QWEN3.top_k
+    distinct = np.arange(8.0, 33.0)  # passes of 4 tokens: 32 slots over U experts, at most 4 tokens each
+    slots, most = np.full(distinct.size, 32.0), np.ceil(32.0 / distinct)
+    for family in lab.expert_families.values():
+        formula = np.empty(distinct.size)
+        family_kernel.pass_times_us(slots, distinct, most, *family.compiled_params(shape, k), formula)
+        assert not np.array_equal(formula, family.fast_time_us(slots, distinct, most, shape, k)), family.name
+
+
+@pytest.mark.parametrize(("profile", "engine"), SETUPS)
+def test_compiled_pass_equals_the_reference(profile: str, engine: str) -> None:
+    fast, reference = _cost(profile, engine, True), _cost(profile, engine, False)
     rng = np.random.default_rng(1)
     for size in (3, 4):
         for _ in range(TABLE_AFTER_PASSES + 8):  # before and after the pass size gets its tables
@@ -105,23 +144,24 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("kind", ["trace", "table"])
+@pytest.mark.parametrize("kind", ["trace, lab", "trace, engine", "table"])
 def test_the_lane_writes_the_python_loops_records(case: str, kind: str) -> None:
     scheduling, changes = CASES[case]
 
-    def cost() -> object:
+    def cost(compiled: bool) -> object:
         if kind == "table":
             return TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draft_step_us=30.0)
-        return _cost("best", True)
+        profile, engine = {"trace, lab": ("nvidia-h200", "best"), "trace, engine": ("nvidia-h200-vllm", "dispatch")}[kind]
+        return _cost(profile, engine, compiled)
 
-    lane = _records(True, cost(), scheduling, **changes)
-    assert lane == _records(False, cost(), scheduling, **changes)
-    assert lane == _records(True, cost(), scheduling, **changes)  # same seed, same records
+    lane = _records(True, cost(True), scheduling, **changes)
+    assert lane == _records(False, cost(False), scheduling, **changes)  # the Python loop on the numpy reference path
+    assert lane == _records(True, cost(True), scheduling, **changes)  # same seed, same records
 
 
 def test_adaptive_policies_keep_the_python_loop() -> None:
     server = Server(
-        cost=_cost("best", True), policy=Cascade(), acceptance=Geometric(alpha=0.7), workload=Workload(10, 50),
+        cost=_cost("nvidia-h200", "best", True), policy=Cascade(), acceptance=Geometric(alpha=0.7), workload=Workload(10, 50),
         arrivals=Arrivals(concurrency=2), max_batch=2, requests=2, duration_us=0.0, seed=0, windows=WINDOWS,
     )  # fmt: skip
     assert server.lane is None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moesim.errors import ConfigError, InputError
-from moesim.models import builtin_names, bytes_per_weight, draft_for, load_preset
+from moesim.models import builtin_names, bytes_per_weight, draft_for, load_preset, load_target
 
 # Published totals (billions) from the issue's table and the models' own cards.
 PUBLISHED = {
@@ -125,8 +125,28 @@ def test_draft_presets() -> None:
     assert head.total_params() < 0.02 * target.total_params()
     with pytest.raises(InputError, match="not a dense model"):
         draft_for("olmoe-1b-7b", target)
-    with pytest.raises(InputError, match="draft head"):
+    with pytest.raises(InputError, match="draft head") as error:
         load_preset("eagle-head")
+    assert "draft_for" not in str(error.value)  # the user's words, not a function's name
+
+
+def test_a_target_is_a_moe_preset_and_a_wrong_one_lists_them(tmp_path: Path) -> None:
+    assert [load_target(name).name for name in builtin_names("moe")] == builtin_names("moe")
+    moe = ", ".join(builtin_names("moe"))
+    for name in ("qwen2-0.5b", "eagle-head"):
+        with pytest.raises(InputError, match=f"'{name}' is a draft model, not a MoE target") as error:
+            load_target(name)
+        assert moe in str(error.value)
+    with pytest.raises(InputError) as error:
+        load_target("nope")
+    assert str(error.value).startswith(f"unknown MoE model preset 'nope' (built-in: {moe}; or a preset .toml")
+    dense = tmp_path / "small.toml"
+    dense.write_text(
+        'kind = "dense"\nlayers = 2\nhidden = 64\nvocab = 300\ndense_intermediate = 128\n'
+        '[attention]\nkind = "mha"\nheads = 4\nkv_heads = 4\nhead_dim = 16\n'
+    )
+    with pytest.raises(InputError, match=r"small\.toml: model 'small' has no routed experts"):
+        load_target(dense)
 
 
 def test_preset_from_hf_config_equals_builtin(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from moesim.hw_profiles.builtin import builtin_names, load_profile
 from moesim.hw_profiles.families import ExpertFamily
 from moesim.hw_profiles.heldout import ErrorStats
+from moesim.hw_profiles.ladder.rungs import RUNGS
 from moesim.hw_profiles.profile import HardwareProfile
 
 
@@ -36,6 +37,27 @@ def _family_row(family: ExpertFamily) -> dict[str, Any]:
         "epsilon_%": 100 * h.epsilon,
         "source": family.provenance.kind,
     }
+
+
+def _ladder_row(family: ExpertFamily) -> dict[str, Any]:
+    """The family's lookup ladder: knots, fitted shapes, each rung's bound, pass-level terms."""
+    errors = family.rung_errors
+    row: dict[str, Any] = {
+        "family": family.name,
+        "knots": 0 if family.grid is None else int(family.grid.time_us.size),
+        "shape_fits": ", ".join(f"{label} ×{fit.fit_weight:g}" for label, fit in family.shape_fits.items()) or "-",
+    }
+    for rung in RUNGS:
+        one = errors.one_layer.get(rung) if errors else None
+        whole = errors.whole_pass.get(rung) if errors else None
+        cells = [f"{100 * stats.p90:.1f}" if stats else "-" for stats in (one, whole)]
+        row[f"{rung}_p90_%"] = " / ".join(cells)
+    transfer = family.pass_transfer
+    row["pass_terms"] = (
+        "-" if transfer is None else (f"a={transfer.a:.4g}, b={transfer.b_us:.3g} µs" if transfer.applied else "none (a=1, b=0)")
+    )
+    row["bound_basis"] = family.bound_basis
+    return row
 
 
 def _heldout_dict(family: Any) -> dict[str, Any]:
@@ -101,6 +123,7 @@ def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
         "family_rows": [*(_family_row(f) for f in profile.expert_families.values()), dense_row],
         "partial": profile.partial,
         "dispatch": dispatch_rows(profile),
+        "ladder_rows": [_ladder_row(f) for f in profile.expert_families.values()],
         "sources": {key: dataclasses.asdict(source) for key, source in profile.sources.items()},
         "source_rows": [{"id": key, "kind": source.kind, "backs": source.label()} for key, source in profile.sources.items()],
         "notes": list(profile.all_notes()),

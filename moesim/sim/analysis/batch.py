@@ -9,7 +9,8 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.kernels.unions import batch_lanes, batch_windows, union_features_many
+from moesim.kernels.reuse import group_features
+from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.sim.analysis.moesd import target_efficiency
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
 from moesim.sim.analysis.speculation import (
@@ -80,9 +81,9 @@ def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_bat
     if int(lanes.length.max(initial=0)) < n:
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     offsets, starts, lengths = batch_windows(lanes, n, max_batches)
-    union = union_features_many(trace.experts, offsets, starts, lengths, trace.meta.geometry.experts)
-    cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_tokens), float(batch))
-    return float(cost.total_us().mean()), float(union.distinct_experts.mean()), float(cost.extrapolation.max()), lanes.describe()
+    features = group_features(trace.experts, trace.meta.geometry.experts, offsets, starts, lengths)
+    cost = scenario.model.pass_cost(features, float(batch * scenario.context_tokens), float(batch))
+    return float(cost.total_us().mean()), float(features.distinct_experts.mean()), float(cost.extrapolation.max()), lanes.describe()
 
 
 def batch_analysis(
@@ -125,7 +126,7 @@ def batch_analysis(
         distinct_experts=np.asarray(distinct),
         extrapolation=np.asarray(factor),
         source=list(source),
-        warnings=extrapolation_warnings("batch of B =", np.asarray(factor), sizes),
+        warnings=extrapolation_warnings("batch", "B", np.asarray(factor), sizes),
     )
 
 

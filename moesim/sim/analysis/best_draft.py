@@ -114,7 +114,7 @@ def best_draft_analysis(scenario: Scenario, alphas: list[float] | np.ndarray, ma
     k_star, s_star = best_draft(alpha, nominal)
     at_corners = [speedup_table(alpha, c)[np.arange(alpha.size), k_star] for c in corners]
     k_corners = np.stack([best_draft(alpha, c)[0] for c in corners])
-    warnings = extrapolation_warnings("verify pass of n =", cost.extrapolation, np.arange(1, max_draft + 2))
+    warnings = extrapolation_warnings("verify pass", "n", cost.extrapolation, np.arange(1, max_draft + 2))
     return BestDraft(
         alpha=alpha,
         best_draft=k_star,

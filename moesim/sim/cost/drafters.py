@@ -3,8 +3,8 @@
 A drafter proposes tokens autoregressively, one draft-model pass per token, so drafting k tokens
 costs k draft steps; requests of a batch draft in lockstep (one step serves the whole batch).
 A drafter is named by a spec, `NAME` or `NAME:ARGUMENT` (`ngram`, `eagle`, `fixed:US`); any other
-spec is a dense model preset. Adding a drafter is adding one class with `@DRAFTERS.register`
-and a `from_spec` class method.
+spec is a dense model preset or a draft head (`eagle-head`, the same as `eagle`). Adding a drafter
+is adding one class with `@DRAFTERS.register` and a `from_spec` class method.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from moesim.errors import ConfigError
-from moesim.models import ModelPreset, draft_for, load_preset
+from moesim.errors import ConfigError, InputError
+from moesim.models import PRESET_FILES, ModelPreset, builtin_names, draft_for
 from moesim.registry import Registry
 
 # dense_us(bytes, flops) -> µs: the profile's dense family (weights, KV, attention, LM head).
@@ -67,8 +67,9 @@ def dense_model_step_us(
 @DRAFTERS.register
 @dataclass(frozen=True)
 class DenseModelDrafter:
-    """A small dense model (a preset such as qwen2-0.5b, or an EAGLE-style head resolved against
-    its target: one decoder layer plus the target's LM head) run on the same device profile."""
+    """A small dense model (a preset such as qwen2-0.5b, or an EAGLE-style head such as eagle-head
+    resolved against its target: one decoder layer plus the target's LM head) run on the same
+    device profile."""
 
     name: ClassVar[str] = "preset"
     provenance: ClassVar[str] = "profile"
@@ -77,12 +78,15 @@ class DenseModelDrafter:
 
     @classmethod
     def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
-        """`preset:NAME` or just NAME: a dense preset by name or file."""
-        model = load_preset(argument)
-        if model.kind != "dense":
-            others = ", ".join(DRAFTERS.get(name).usage for name in DRAFTERS if name != cls.name)
-            raise ConfigError(f"drafter '{spec}' is not a dense model preset (use {others} or a dense preset)")
-        return cls(model)
+        """`preset:NAME` or just NAME: a dense preset or a draft head by name, or a dense preset file."""
+        if argument not in builtin_names() and not argument.endswith((".toml", ".json")):
+            raise ConfigError(f"unknown drafter '{spec}' (known: {drafter_choices()})")
+        try:
+            return cls(draft_for(argument, target))
+        except InputError as exc:
+            if argument in builtin_names("moe"):
+                raise ConfigError(f"drafter '{spec}' is a MoE target, not a draft model (drafters: {drafter_choices()})") from None
+            raise ConfigError(f"drafter '{spec}': {exc}") from None
 
     def step_us(self, batch: int, context_tokens: float, dense_us: DenseTime) -> float:
         """The draft model's decode step through the profile's dense family."""
@@ -159,6 +163,12 @@ class NgramDrafter(_NoArgument, FixedDrafter):
     def for_target(cls, target: ModelPreset) -> Drafter:
         """0 µs per step."""
         return cls()
+
+
+def drafter_choices() -> str:
+    """What a drafter spec may name, as an error lists it."""
+    named = [DRAFTERS.get(name).usage for name in DRAFTERS if name != DenseModelDrafter.name]
+    return ", ".join([*named, *builtin_names("eagle"), *builtin_names("dense")]) + f"; or a dense model as {PRESET_FILES}"
 
 
 def make_drafter(spec: str, target: ModelPreset) -> Drafter:

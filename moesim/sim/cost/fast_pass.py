@@ -1,16 +1,19 @@
 # ruff: noqa: ANN001  (compiled kernels: Numba types their arguments)
 """One pass of the trace-driven step-time model in one compiled call (the simulator's per-iteration
 cost; the reference is `TraceBatchCost` through `union_pass`/`union_features` and
-`StepTimeModel.counts_pass_us`/`rank_pass_us`, tested equal bit for bit):
+`StepTimeModel.counts_pass_us`, tested equal bit for bit):
 
     T(pass) = min over the pass's families of Σ_layers time(U_l, M_l) + dense + fixed (+ collectives)
 
 with U_l, M_l counted from the union of the pass's windows of the trace (and, for a mixed pass,
 the prefill region's blocks), time(U, M) looked up in the per-(U, M) table of the pass size once
-the size has been costed `TABLE_AFTER_PASSES` times and computed by the families' compiled
-formula before (`_element_time_us`), summed over layers in numpy's pairwise order; mixed passes
-(chunked prefill) sum the compiled formula over layers in order, as `fast_layers_us`. No array
-is allocated per call: counts, per-layer features and tables live in `PassTables`.
+the size has been costed `TABLE_AFTER_PASSES` times (`layer_time_table`, built through
+`time_us`'s ladder) and, before, computed by the families' compiled formula
+(`family_kernel.element_time_us`) where every family of the pass is `ExpertFamily.compiled`,
+summed over layers in numpy's pairwise order. A family priced by its lookup ladder (not
+`compiled`) is never priced by the formula: an untabled size returns NEED_PYTHON with the
+features counted and the caller prices them in Python. No array is allocated per call: counts,
+per-layer features and tables live in `PassTables`.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from moesim.hw_profiles.families import _compiled_layers_us, _element_time_us
+from moesim.hw_profiles.family_kernel import element_time_us
 
 NEED_TABLE = -1  # the pass size has been costed often enough: build its tables and call again
 STRAY_ID = -2  # an expert id >= the number of experts
+NEED_PYTHON = -4  # an untabled size of a family the formula does not price (its ladder): priced in Python
 TABLE_BYTES_KEPT = 256 * 2**20  # tables of the compiled path beyond this are dropped (rebuilt on demand)
 
 
@@ -98,10 +102,11 @@ def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_
 
 
 @numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
-def expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf):  # noqa: ANN201
+def expert_us(n_tokens, features, t, layer_buf):  # noqa: ANN201
     """The pass's expert time from its per-layer features (see the module docstring); NEED_TABLE
-    when the size has just reached its tables. `t` is a `PassTables.arrays()` tuple."""
-    select, seen, offsets, buf, after, params, widths, n_widths, compute, serial, n_coef, top_k = t
+    when the size has just reached its tables, NEED_PYTHON (the size not counted) when an untabled
+    size has a family the formula does not price. `t` is a `PassTables.arrays()` tuple."""
+    select, seen, offsets, buf, after, params, widths, n_widths, compute, serial, n_coef, top_k, compiled = t
     n_families = select.shape[1]
     n_layers = features.shape[1]
     first = -1
@@ -109,39 +114,30 @@ def expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf):  # noqa: ANN20
         if select[n_tokens, f]:
             first = f
             break
-    tabled = False
-    if not mixed:
-        if offsets[first, n_tokens] >= 0:
-            tabled = True
-        else:
-            seen[n_tokens] += 1
-            if seen[n_tokens] >= after:
-                seen[n_tokens] -= 1
-                return np.float64(NEED_TABLE)
+    tabled = offsets[first, n_tokens] >= 0
+    if not tabled:
+        if seen[n_tokens] + 1 >= after:
+            return np.float64(NEED_TABLE)
+        for f in range(n_families):
+            if select[n_tokens, f] and not compiled[f]:
+                return np.float64(NEED_PYTHON)
+        seen[n_tokens] += 1
     best = np.inf
     slots = float(n_tokens * top_k)
     for f in range(n_families):
         if not select[n_tokens, f]:
             continue
-        w, c = widths[f, : n_widths[f]], compute[f, : n_coef[f]]
-        s = serial[f, : n_coef[f]]
-        if mixed:
-            for layer in range(n_layers):
-                rank_buf[0, 0, layer] = features[2, layer]
-                rank_buf[1, 0, layer] = features[0, layer]
-                rank_buf[2, 0, layer] = features[1, layer]
-            total = _compiled_layers_us(rank_buf[0], rank_buf[1], rank_buf[2], params[f], w, c, s)
-        elif tabled:
+        if tabled:
             base = offsets[f, n_tokens]
             columns = n_tokens + 1
             for layer in range(n_layers):
                 layer_buf[layer] = buf[base + features[0, layer] * columns + features[1, layer]]
-            total = pairwise_sum(layer_buf, 0, n_layers)
         else:
+            w, c = widths[f, : n_widths[f]], compute[f, : n_coef[f]]
+            s = serial[f, : n_coef[f]]
             for layer in range(n_layers):
-                layer_buf[layer] = _element_time_us(float(features[0, layer]), slots, float(features[1, layer]), params[f], w, c, s)
-            total = pairwise_sum(layer_buf, 0, n_layers)
-        best = min(best, total)
+                layer_buf[layer] = element_time_us(float(features[0, layer]), slots, float(features[1, layer]), params[f], w, c, s)
+        best = min(best, pairwise_sum(layer_buf, 0, n_layers))
     return best
 
 
@@ -170,7 +166,9 @@ class PassTables:
     families it may take and how often it was costed, the per-(U, M) tables in one flat buffer,
     the families' compiled parameters, the dense terms and the collectives per pass size."""
 
-    def __init__(self, families: list[tuple[np.ndarray, ...]], dense: np.ndarray, top_k: int, after: int, resolve: object) -> None:
+    def __init__(self, families: list[tuple[np.ndarray, ...] | None], dense: np.ndarray, top_k: int, after: int, resolve: object) -> None:
+        self.compiled = np.array([f is not None for f in families], np.bool_)  # None: priced by its ladder, not the formula
+        families = [f if f is not None else _NO_PARAMS for f in families]
         self.n_families = len(families)
         self.params = np.ascontiguousarray(np.stack([f[0] for f in families]))
         self.n_widths = np.array([f[1].size for f in families], np.int64)
@@ -220,8 +218,11 @@ class PassTables:
         """The tuple `expert_us` takes (rebuilt after any growth)."""
         return (
             self.select, self.seen, self.offsets, self.buf, self.after, self.params, self.widths, self.n_widths,
-            self.compute, self.serial, self.n_coef, self.top_k,
+            self.compute, self.serial, self.n_coef, self.top_k, self.compiled,
         )  # fmt: skip
+
+
+_NO_PARAMS = (np.zeros(16), np.zeros(0), np.zeros(1), np.zeros(1))  # never read: the family is not `compiled`
 
 
 def _padded(rows: list[np.ndarray]) -> np.ndarray:
@@ -248,16 +249,16 @@ def pass_total_us(  # noqa: ANN201
     n_tokens,
     context,
     sequences,
-    mixed,
     t,
     dense,
     comm,
     out,
 ):
     """One pass: out[0] = its time (µs), out[1] = mean distinct experts per layer; returns 0, or
-    NEED_TABLE, STRAY_ID, OUTSIDE (nothing counted). `scratch` = (counts, features, layer_buf,
-    rank_buf), `region` the prefill region's checkpoints."""
-    counts, features, layer_buf, rank_buf = scratch
+    NEED_TABLE, STRAY_ID, OUTSIDE (nothing counted), NEED_PYTHON (out[1] and the features in
+    `scratch` counted, the time not). `scratch` = (counts, features, layer_buf), `region` the
+    prefill region's checkpoints."""
+    counts, features, layer_buf = scratch
     for w in range(n_windows):
         if rows[w] < 0 or lengths[w] < 0 or rows[w] + lengths[w] > experts.shape[0]:
             return OUTSIDE
@@ -265,19 +266,14 @@ def pass_total_us(  # noqa: ANN201
     distinct = count_union(experts, rows, lengths, n_windows, region, lo, hi, n_blocks, n_experts, counts, features)
     if distinct < 0:
         return STRAY_ID
-    expert = expert_us(n_tokens, mixed, features, t, layer_buf, rank_buf)
-    if expert == NEED_TABLE:
-        return NEED_TABLE
-    out[0] = plus_dense(expert, n_tokens, context, sequences, dense, comm)
     out[1] = float(distinct) / features.shape[1]
+    expert = expert_us(n_tokens, features, t, layer_buf)
+    if expert < 0.0:  # NEED_TABLE or NEED_PYTHON (a time is never negative)
+        return int(expert)
+    out[0] = plus_dense(expert, n_tokens, context, sequences, dense, comm)
     return 0
 
 
 def scratch_for(n_layers: int, n_experts: int) -> tuple[np.ndarray, ...]:
-    """The buffers `pass_total_us` reuses: counts (zero), features, per-layer times, rank features."""
-    return (
-        np.zeros((n_layers, n_experts + 1), np.int32),
-        np.zeros((3, n_layers), np.int64),
-        np.zeros(n_layers),
-        np.zeros((3, 1, n_layers)),
-    )
+    """The buffers `pass_total_us` reuses: counts (zero), per-layer features, per-layer times."""
+    return np.zeros((n_layers, n_experts + 1), np.int32), np.zeros((3, n_layers), np.int64), np.zeros(n_layers)

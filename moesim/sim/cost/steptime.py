@@ -24,6 +24,8 @@ from functools import cached_property
 import numpy as np
 
 from moesim.errors import InputError
+from moesim.hw_profiles.families import ExpertFamily, ExpertInputs, LayerSum
+from moesim.hw_profiles.ladder.rungs import RUNGS, worst_rung
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape, ModelPreset
@@ -70,12 +72,14 @@ class PassCost:
     expert_us: np.ndarray
     dense_us: np.ndarray
     fixed_us: float
-    expert_epsilon: float
+    expert_epsilon: np.ndarray
     dense_epsilon: float
     family: np.ndarray
     extrapolation: np.ndarray
     provenance_us: dict[str, np.ndarray] = field(default_factory=dict)
     expert_by_family_us: dict[str, np.ndarray] = field(default_factory=dict)
+    rung_us: np.ndarray = field(default_factory=lambda: np.zeros((0, len(RUNGS))))  # (..., 4): expert time per rung
+    bound_basis: str = "one-layer fit"
 
     def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0) -> np.ndarray:
         """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + fixed."""
@@ -99,6 +103,17 @@ class PassCost:
         """Share of the summed predicted time resting on each provenance kind."""
         total = float(np.sum(self.total_us()))
         return {kind: float(np.sum(us)) / total for kind, us in self.provenance_us.items()} if total > 0 else {}
+
+    def rung_share(self) -> dict[str, float]:
+        """Share of the summed expert time produced by each rung of the lookup ladder (sums to 1)."""
+        per_rung = self.rung_us.reshape(-1, len(RUNGS)).sum(axis=0)
+        total = float(per_rung.sum())
+        return {rung: float(us) / total for rung, us in zip(RUNGS, per_rung, strict=True)} if total > 0 else {}
+
+    @property
+    def rung(self) -> np.ndarray:
+        """Per pass, the lowest rung any of its expert time needed."""
+        return worst_rung(self.rung_us)
 
 
 @dataclass(frozen=True)
@@ -147,7 +162,16 @@ class StepTimeModel:
 
     def _pass_families(self, n_tokens: int) -> tuple[str, ...]:
         """The families a pass of n tokens may take: the dispatched one, else the engine's (all for `best`)."""
-        return (str(self.dispatched(n_tokens)),) if self.engine == DISPATCH else self.families
+        if self.engine != DISPATCH:
+            return self.families
+        names = self._dispatched_families.get(n_tokens)
+        if names is None:
+            names = self._dispatched_families[n_tokens] = (str(self.dispatched(n_tokens)),)
+        return names
+
+    @cached_property
+    def _dispatched_families(self) -> dict[int, tuple[str, ...]]:
+        return {}
 
     def dense_family_us(self, bytes_read: float, flops: float) -> float:
         """The profile's dense family for one kernel's bytes and FLOPs (drafters run through it)."""
@@ -204,12 +228,11 @@ class StepTimeModel:
         if features.shape[-1] != n_layers:
             raise InputError(f"features cover {features.shape[-1]} MoE layers, model '{self.preset.name}' has {n_layers}")
         shape = self.expert_shape
-        expert_us, extrapolation = {}, {}
+        sums = {}
         for name in self.families:
-            family = self.profile.expert_family(name)
-            expert_us[name] = family.time_us(features, shape).sum(axis=-1)
-            extrapolation[name] = family.extrapolation_factor(features, shape).max(axis=-1)
-        return self.assemble(expert_us, extrapolation, features.n_tokens[..., 0], context_tokens, sequences)
+            family = self.profile.expert_family(name).for_format(shape.weight_format)
+            sums[name] = family.sum_layers(ExpertInputs.of(features, shape), whole_pass=True)
+        return self.assemble(sums, features.n_tokens[..., 0], context_tokens, sequences)
 
     def pass_time_us(self, features: RoutingFeatures, context_tokens: float, sequences: float = 1.0) -> float:
         """The nominal time of one pass (features shaped (MoE layers,), integer counts as the union
@@ -244,16 +267,18 @@ class StepTimeModel:
         """What the compiled pass (`moesim.sim.cost.fast_pass`) needs of this model; it shares
         with `counts_pass_us` how often each pass size was costed."""
         shape, k = self.expert_shape, self.preset.top_k
-        families = [self.profile.expert_family(name).compiled_params(shape, k) for name in self.families]
+        families = [self.profile.expert_family(name) for name in self.families]
+        kernel_params = [f.compiled_params(shape, k) if f.compiled else None for f in families]  # None: its ladder, never the formula
         weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
         dense = self.profile.dense
         attention = bool(np.isfinite(dense.attention_tflops))
+        # µs per FLOP and per attention FLOP: the dense family's time of one FLOP, exactly its coefficient
         terms = [
             weight_bytes, kv_bytes_per_token, params, float(kernels), dense.launch_us, dense.bandwidth_gbps,
-            dense.flop_coefficient, float(attention), self.preset.attention_flops_per_context_token() if attention else 0.0,
-            dense.attention_coefficient, float(self.parallel.devices), self.profile.pass_fixed_us,
+            float(dense.time_us(0.0, 1.0, 0.0)), float(attention), self.preset.attention_flops_per_context_token() if attention else 0.0,
+            float(dense.attention_us(1.0)), float(self.parallel.devices), self.profile.pass_fixed_us,
         ]  # fmt: skip
-        return PassTables(families, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices)
+        return PassTables(kernel_params, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices)
 
     def _pass_choices(self, n_max: int) -> tuple[np.ndarray, np.ndarray]:
         """Per pass size 0..n_max: which of `families` it may take, and its collectives (µs)."""
@@ -297,6 +322,8 @@ class StepTimeModel:
         tokens per expert and slots, `moesim.kernels.unions.union_pass`: a mixed pass of chunked
         prefill, or expert parallel): each layer costs its slowest rank, each family evaluated in
         one compiled call (`ExpertFamily.fast_layers_us`: `time_us` per rank and layer)."""
+        if np.shape(distinct)[0] == 1:  # one rank: a pass of n tokens like any other (its tables once frequent)
+            return self.counts_pass_us(n_tokens, np.asarray(distinct)[0], np.asarray(most)[0], context_tokens, sequences)
         shape = self.expert_shape
         families = self.profile.expert_families
         arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
@@ -333,24 +360,26 @@ class StepTimeModel:
         self._require_experts()
         n_layers = len(self.preset.moe_layers)
         shape = self.expert_shape
-        expert_us, extrapolation = {}, {}
+        sums = {}
         for name in self.families:
-            family = self.profile.expert_family(name)
-            expert_us[name] = np.array([n_layers * float(p @ family.time_us(f, shape)) for f, p in distributions])
-            extrapolation[name] = np.array([float(family.extrapolation_factor(f, shape)[p > 0].max(initial=1.0)) for f, p in distributions])
+            family = self.profile.expert_family(name).for_format(shape.weight_format)
+            weighted = [_expected(family, ExpertInputs.of(f, shape), p) for f, p in distributions]
+            summed = LayerSum(
+                n_layers * np.array([w.time_us for w in weighted]),
+                n_layers * np.array([w.low_us for w in weighted]),
+                n_layers * np.array([w.high_us for w in weighted]),
+                n_layers * np.stack([w.rung_us for w in weighted]),
+                np.array([float(w.extrapolation) for w in weighted]),
+            )
+            sums[name] = family.transferred(summed, n_layers)
         tokens = np.array([float(f.n_tokens.flat[0]) for f, _ in distributions])
-        return self.assemble(expert_us, extrapolation, tokens, context_tokens, sequences)
+        return self.assemble(sums, tokens, context_tokens, sequences)
 
     def assemble(
-        self,
-        expert_us: dict[str, np.ndarray],
-        extrapolation: dict[str, np.ndarray],
-        total_tokens: np.ndarray,
-        context_tokens: np.ndarray | float,
-        sequences: float = 1.0,
+        self, sums: dict[str, LayerSum], total_tokens: np.ndarray, context_tokens: np.ndarray | float, sequences: float = 1.0
     ) -> PassCost:
         """Choose the family (the engine's, the dispatched one, or the cheapest for `best`), add dense and fixed time."""
-        per_family = np.stack([expert_us[name] for name in self.families])
+        per_family = np.stack([sums[name].time_us for name in self.families])
         if self.engine == DISPATCH:
             index = {name: i for i, name in enumerate(self.families)}
             dispatched = self.dispatched(np.broadcast_to(total_tokens, per_family.shape[1:]))
@@ -361,14 +390,18 @@ class StepTimeModel:
         dense_parts = self.dense_parts_us(total_tokens, np.broadcast_to(context_tokens, np.shape(total_tokens)), sequences)
         dense = sum(dense_parts.values())
         factor = np.ones(expert.shape)
-        epsilon = 0.0
+        epsilon = np.zeros(expert.shape)
+        rung_us = np.zeros((*expert.shape, len(RUNGS)))
         by_kind: dict[str, np.ndarray] = {}
+        bases = []
         for i, name in enumerate(self.families):
             family = self.profile.expert_family(name)
             chosen = choice == i
-            factor = np.where(chosen, extrapolation[name], factor)
+            factor = np.where(chosen, sums[name].extrapolation, factor)
+            epsilon = np.where(chosen, sums[name].epsilon, epsilon)
+            rung_us = np.where(chosen[..., None], sums[name].rung_us, rung_us)
             if chosen.any():
-                epsilon = max(epsilon, finite_or_zero(family.heldout_error.epsilon))
+                bases.append(family.bound_basis)
             kind = family.provenance.kind
             by_kind[kind] = by_kind.get(kind, 0.0) + np.where(chosen, expert, 0.0)
         for part, us in dense_parts.items():
@@ -390,8 +423,21 @@ class StepTimeModel:
             family=np.asarray(self.families)[choice],
             extrapolation=factor,
             provenance_us=by_kind,
-            expert_by_family_us=expert_us,
+            expert_by_family_us={name: sums[name].time_us for name in self.families},
+            rung_us=rung_us,
+            bound_basis="; ".join(dict.fromkeys(bases)) or "one-layer fit",
         )
+
+
+def _expected(family: ExpertFamily, x: ExpertInputs, probability: np.ndarray) -> LayerSum:
+    """One layer of a whole pass: its expected time over a distribution of features (cells with probabilities)."""
+    look = family.inputs_lookup(x, whole_pass=True)
+    factor = float(family.calibrated_range.factor(x)[probability > 0].max(initial=1.0))
+    weighted = probability * look.time_us
+    spread = float(np.sum(weighted * np.where(np.isfinite(look.epsilon), look.epsilon, 0.0)))
+    time = float(np.sum(weighted))
+    rung_us = np.array([float(np.sum(np.where(look.rung == r, weighted, 0.0))) for r in range(len(RUNGS))])
+    return LayerSum(np.float64(time), np.float64(time - spread), np.float64(time + spread), rung_us, np.float64(factor))
 
 
 def finite_or_zero(value: float) -> float:

@@ -28,7 +28,7 @@ from moesim.errors import InputError
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.unions import PrefillRegion, union_features, union_pass, union_scratch
 from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_us
-from moesim.sim.cost.fast_pass import NEED_TABLE, OUTSIDE, STRAY_ID, pass_total_us, scratch_for
+from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, OUTSIDE, STRAY_ID, pass_total_us, scratch_for
 from moesim.sim.cost.pass_table import NO_CHUNKS, PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.trace import Trace
@@ -113,7 +113,7 @@ class TraceBatchCost:
         rows = self._seq_starts[seqs] + starts
         if self.compiled:
             context, sequences = float(context_tokens.sum()), float(context_tokens.size)
-            return self.compiled_pass_us(rows, n_tokens, _NO_BLOCKS, _NO_BLOCKS, int(n_tokens.sum()), context, sequences, False)
+            return self.compiled_pass_us(rows, n_tokens, _NO_BLOCKS, _NO_BLOCKS, int(n_tokens.sum()), context, sequences)
         distinct, most = union_features(self.trace.experts, rows, n_tokens, self.trace.meta.geometry.experts, self._scratch)
         self.last_distinct_experts = float(distinct.sum()) / distinct.size
         return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), float(context_tokens.size))
@@ -140,7 +140,7 @@ class TraceBatchCost:
         total = int(n_tokens.sum()) + int(chunks.tokens.sum())
         context = float(context_tokens.sum()) + chunks.context
         if self.compiled and ranks == 1:
-            return self.compiled_pass_us(rows, lengths, lo, hi, total, context, float(context_tokens.size + len(chunks)), True)
+            return self.compiled_pass_us(rows, lengths, lo, hi, total, context, float(context_tokens.size + len(chunks)))
         distinct, most, slots = union_pass(self.trace.experts, rows, lengths, experts, self._scratch, self._region, lo, hi, ranks)
         layer_distinct = distinct.sum(axis=0)
         self.last_distinct_experts = float(layer_distinct.sum()) / layer_distinct.size
@@ -155,14 +155,15 @@ class TraceBatchCost:
         n_tokens: int,
         context: float,
         sequences: float,
-        mixed: bool,
     ) -> float:
         """One pass on one device in one compiled call (`moesim.sim.cost.fast_pass`): windows of the
-        trace's rows (first rows, lengths), the prefill region's blocks (lo, hi) of a mixed pass."""
+        trace's rows (first rows, lengths), the prefill region's blocks (lo, hi) of a mixed pass; a
+        size without tables whose families are priced by their ladder (not `compiled`) is priced
+        from the counted features by `counts_pass_us`, as the reference path prices it."""
         tables = self.model.pass_tables
         tables.ensure(n_tokens)
         region = self._region.checkpoints if self._region is not None else _NO_CHECKPOINTS
-        args = (self.trace.experts, rows, lengths, rows.size, region, lo, hi, lo.size, self._fast, n_tokens, context, sequences, mixed)
+        args = (self.trace.experts, rows, lengths, rows.size, region, lo, hi, lo.size, self._fast, n_tokens, context, sequences)
         status = pass_total_us(*args, tables.arrays(), tables.dense, tables.comm, self._out)
         if status == NEED_TABLE:
             self.model.table_pass_size(n_tokens)
@@ -172,6 +173,9 @@ class TraceBatchCost:
         if status == OUTSIDE:
             raise ValueError(f"a window lies outside rows 0..{self.trace.experts.shape[0]}")
         self.last_distinct_experts = float(self._out[1])
+        if status == NEED_PYTHON:
+            features = self._fast[1]
+            return self.model.counts_pass_us(n_tokens, features[0], features[1], context, sequences)
         return float(self._out[0])
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:

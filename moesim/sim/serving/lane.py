@@ -10,10 +10,11 @@ positions of every request, the pass (a `TablePassCost` lookup, or the trace-dri
 model in one compiled pass, `moesim.sim.cost.fast_pass`, with a drafter that costs nothing),
 the records, the window wrap, the acceptance draws (precomputed blocks) and the commits. It
 stops, before changing anything, where the Python loop has to decide (a request would need a
-page that is not free, a block of draws is used up, a pass size reaches its tables, the duration
-would cut the iteration) and after an iteration in which a request finished. Several iterations
-run in one call (one `Timeout` for all of them) only when nothing outside the batch can change
-meanwhile: a closed loop with nothing queued, or a full batch.
+page that is not free, a block of draws is used up, a pass size reaches its tables, a pass size
+without tables has a family priced by its lookup ladder and never by the compiled formula, the
+duration would cut the iteration) and after an iteration in which a request finished. Several
+iterations run in one call (one `Timeout` for all of them) only when nothing outside the batch
+can change meanwhile: a closed loop with nothing queued, or a full batch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from moesim.sim.cost.fast_pass import NEED_TABLE, count_union, expert_us, plus_dense, scratch_for
+from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, count_union, expert_us, plus_dense, scratch_for
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.acceptance import _BlockDraws
@@ -64,7 +65,7 @@ def _decode(  # noqa: ANN202
     cfg = k, k cap, token budget, chunked, windows, verify tokens k + 1 (1) or max(k, 1) (0), table mode, KV block tokens."""
     k_fixed, k_cap, budget, chunked, windows, extra, table_mode, block = cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7]
     verify_tab, draft_tab = tables
-    counts, features, layer_buf, rank_buf = scratch
+    counts, features, layer_buf = scratch
     done = 0
     while done < max_iters:
         for i in range(n):
@@ -112,9 +113,11 @@ def _decode(  # noqa: ANN202
             union = count_union(experts, rows, lengths, n, region, rows[:0], rows[:0], 0, counts.shape[1] - 1, counts, features)
             if union < 0:
                 return BAD_IDS, done, clock
-            expert = expert_us(n_tokens, False, features, t, layer_buf, rank_buf)
+            expert = expert_us(n_tokens, features, t, layer_buf)
             if expert == NEED_TABLE:
                 return TABLE, done, clock
+            if expert == NEED_PYTHON:  # a size the ladder prices before its tables: the Python loop's
+                return STOP, done, clock
             verify = plus_dense(expert, n_tokens, float(context), float(n), dense, comm)
             distinct = float(union) / features.shape[1]
         delay = draft + verify
@@ -333,15 +336,18 @@ class Lane:
 _NO_REGION = np.zeros((1, 1, 1), np.int32)
 _NO_TABLES = (
     np.zeros((1, 1), np.bool_), np.zeros(1, np.int64), np.zeros((1, 1), np.int64), np.zeros(1), 1, np.zeros((1, 16)), np.zeros((1, 1)),
-    np.zeros(1, np.int64), np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1, np.int64), 1,
+    np.zeros(1, np.int64), np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.ones(1, np.bool_),
 )  # fmt: skip
 
 
-def exact_delay(now: float, end: float) -> float:
-    """A delay d with now + d == end in floating point (SimPy adds delays to its clock)."""
+def exact_delays(now: float, end: float) -> tuple[float, ...]:
+    """Delays whose Timeouts, one after the other, bring a SimPy clock (it adds each delay to its
+    time) from `now` exactly to `end`: one, or two where no single sum rounds to `end` (a tie
+    rounded to even past it) and the rest, end − (now + first), is exact."""
     delay = end - now
     while now + delay < end:
         delay = math.nextafter(delay, math.inf)
     while now + delay > end:
         delay = math.nextafter(delay, -math.inf)
-    return delay
+    reached = now + delay
+    return (delay,) if reached == end else (delay, end - reached)

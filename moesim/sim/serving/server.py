@@ -39,7 +39,7 @@ import simpy
 
 from moesim.sim.cost.pass_table import BatchCostModel, PrefillChunks, TablePassCost
 from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance
-from moesim.sim.serving.lane import FINISHED, Lane, exact_delay
+from moesim.sim.serving.lane import FINISHED, Lane, exact_delays
 from moesim.sim.serving.policies import Controller, Policy
 from moesim.sim.serving.scheduler import Scheduler, Scheduling
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
@@ -320,7 +320,8 @@ class Server:
                     self._lane_records(lane, done)
                     if extended and len(active) > scheduler.max_running:
                         scheduler.max_running = len(active)
-                    yield timeout(exact_delay(clock, end))
+                    for delay in exact_delays(clock, end):
+                        yield timeout(delay)
                     clock = env.now
                     if status == FINISHED:
                         for request in lane.finished(active):

@@ -20,9 +20,9 @@ from moesim.sim.cost.steptime import TABLE_AFTER_PASSES, StepTimeModel
 from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.cascade import Cascade
+from moesim.sim.serving.lane import exact_delays
 from moesim.sim.serving.memory import MemorySection, kv_budget
 from moesim.sim.serving.policies import Static
-from moesim.sim.serving.lane import exact_delays
 from moesim.sim.serving.scheduler import Scheduling
 from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload

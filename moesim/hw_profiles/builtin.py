@@ -10,13 +10,16 @@ moesim.hw_profiles.fitting.regenerate` rewrites them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from moesim.errors import InputError
 from moesim.hw_profiles.profile import HardwareProfile
-from moesim.hw_profiles.schema import read_profile
+from moesim.hw_profiles.schema import read_profile, read_spec_paths
+from moesim.hw_profiles.speculative import SpecPath
 
 CALIBRATED = "nvidia-h200"
 # The datasheet-scaled copies of the lab calibration these names held until this release, and the
@@ -45,12 +48,34 @@ def builtin_names() -> list[str]:
     return [CALIBRATED, *sorted(path.stem for path in profiles_dir().glob("*.toml") if path.stem != CALIBRATED)]
 
 
+def spec_paths_file() -> Path:
+    """The spec-path terms of the built-in engine profiles (`moesim.sim.validate.spec_runs` writes it)."""
+    return Path(str(resources.files("moesim.hw_profiles").joinpath("data", "spec_paths.toml")))
+
+
+@cache
+def builtin_spec_paths() -> dict[str, SpecPath]:
+    """Spec-path terms by built-in profile name."""
+    path = spec_paths_file()
+    return read_spec_paths(path) if path.is_file() else {}
+
+
+def with_spec_path(profile: HardwareProfile, spec: SpecPath | None) -> HardwareProfile:
+    """The profile carrying `spec` as its `[speculative]` table (its source added to the profile's)."""
+    if spec is None:
+        return dataclasses.replace(profile, speculative=None)
+    return dataclasses.replace(profile, speculative=spec, sources={**profile.sources, spec.source_id: spec.provenance})
+
+
 def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A built-in profile by name (or by the name it had before it became an engine profile), or a
-    profile TOML file by path."""
+    profile TOML file by path. A built-in without its own `[speculative]` table takes the one of
+    `data/spec_paths.toml`, where there is one."""
     text = RENAMED_PROFILES.get(str(name_or_path), str(name_or_path))
     if text in builtin_names():
-        return read_profile(profiles_dir() / f"{text}.toml")
+        profile = read_profile(profiles_dir() / f"{text}.toml")
+        spec = builtin_spec_paths().get(text)
+        return profile if profile.speculative is not None or spec is None else with_spec_path(profile, spec)
     path = Path(text)
     if path.suffix == ".toml" or path.exists():
         return read_profile(path)

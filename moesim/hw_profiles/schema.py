@@ -22,6 +22,7 @@ from moesim.hw_profiles.families import RANGE_FIELDS, CalibratedRange, DenseFami
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import FittedRow, Provenance
+from moesim.hw_profiles.speculative import SpecPath, spec_path_from_table
 from moesim.models import bytes_per_weight
 from moesim.tomlfile import read_toml
 
@@ -108,7 +109,8 @@ class _Reader:
                 raise self.fail(f"{path}.{key}", "is unknown")
 
 
-def _read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
+def read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
+    """The `[sources]` table: id -> provenance, each checked."""
     sources_table = data.get("sources")
     if not isinstance(sources_table, dict) or not sources_table:
         raise ConfigError(f"{origin}: field 'sources' is missing: a profile lists where its numbers come from")
@@ -277,10 +279,11 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         "sources",
         "dispatch",
         "partial",
+        "speculative",
     }
     if unknown:
         raise ConfigError(f"{origin}: field '{sorted(unknown)[0]}' is unknown")
-    reader = _Reader(origin, _read_sources(data, origin))
+    reader = _Reader(origin, read_sources(data, origin))
     name = reader.text(data, "name", "profile").strip()
     status = data.get("status")
     if status not in STATUSES:
@@ -347,6 +350,9 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         section_sources=reader.section_sources,
         dispatch=dispatch,
         partial=partial,
+        speculative=spec_path_from_table(data["speculative"], "speculative", reader.sources, reader.fail)
+        if "speculative" in data
+        else None,
     )
 
 
@@ -480,14 +486,51 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         _section(lines, f"{path}.heldout_error", _heldout_table(family.heldout_error))
     if profile.dispatch is not None:
         lines.extend(dispatch_lines(profile.dispatch))
-    for key, source in profile.sources.items():
+    if profile.speculative is not None:
+        _section(lines, "speculative", profile.speculative.table())
+        if profile.speculative.basis:
+            _section(lines, "speculative.basis", profile.speculative.basis)
+    _sources(lines, profile.sources)
+    return "\n".join(lines) + "\n"
+
+
+def _sources(lines: list[str], sources: dict[str, Provenance]) -> None:
+    for key, source in sources.items():
         fields = {"kind": source.kind, "file": source.file, "sha256": source.sha256, "citation": source.citation, "note": source.note}
         _section(lines, f"sources.{key}", {k: v for k, v in fields.items() if v})
         if source.rows:
             lines.append("rows = [")
             lines.extend(f"    {_value(row.to_table())}," for row in source.rows)
             lines.append("]")
+
+
+SPEC_PATHS_FORMAT = "moesim-spec-paths"
+
+
+def spec_paths_to_toml(paths: dict[str, SpecPath], header: str) -> str:
+    """Spec-path terms of built-in profiles by profile name (`data/spec_paths.toml`), with their sources."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    _section(lines, None, {"format": SPEC_PATHS_FORMAT, "format_version": FORMAT_VERSION})
+    for name, spec in paths.items():
+        _section(lines, f"profiles.{_value(name)}", spec.table())
+        if spec.basis:
+            _section(lines, f"profiles.{_value(name)}.basis", spec.basis)
+    _sources(lines, {spec.source_id: spec.provenance for spec in paths.values()})
     return "\n".join(lines) + "\n"
+
+
+def read_spec_paths(path: Path) -> dict[str, SpecPath]:
+    """The spec-path terms of `spec_paths_to_toml`, checked like a profile's `[speculative]` table."""
+    data = read_toml(path, "spec-path table")
+    origin = str(path)
+    if data.get("format") != SPEC_PATHS_FORMAT:
+        raise ConfigError(f"{origin}: field 'format' must be '{SPEC_PATHS_FORMAT}', got {data.get('format')!r}")
+    sources = read_sources(data, origin)
+    reader = _Reader(origin, sources)
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise reader.fail("profiles", "must be a table of profile name = spec-path table")
+    return {name: spec_path_from_table(table, f"profiles.{name}", sources, reader.fail) for name, table in profiles.items()}
 
 
 def write_profile(path: str | os.PathLike[str], profile: HardwareProfile) -> None:

@@ -18,6 +18,7 @@ from moesim.sim.analysis.speculation import (
     tokens_per_pass,
 )
 from moesim.sim.cost.drafters import draft_us
+from moesim.sim.cost.steptime import PassCost
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -75,14 +76,21 @@ class BatchEffect:
         }
 
 
-def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[float, float, float, str]:
+def union_pass_cost(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[PassCost, np.ndarray, str]:
+    """Pass costs of `batch` sequences of n tokens each over the trace's batch windows (one per window),
+    their mean distinct experts per layer, and where the lanes came from."""
     lanes = batch_lanes(trace.seq_starts, batch)
     if int(lanes.length.max(initial=0)) < n:
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     offsets, starts, lengths = batch_windows(lanes, n, max_batches)
     union = union_features_many(trace.experts, offsets, starts, lengths, trace.meta.geometry.experts)
     cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_tokens), float(batch))
-    return float(cost.total_us().mean()), float(union.distinct_experts.mean()), float(cost.extrapolation.max()), lanes.describe()
+    return cost, union.distinct_experts, lanes.describe()
+
+
+def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[float, float, float, str]:
+    cost, distinct, lanes = union_pass_cost(scenario, trace, batch, n, max_batches)
+    return float(cost.total_us().mean()), float(distinct.mean()), float(cost.extrapolation.max()), lanes
 
 
 def batch_analysis(

@@ -25,15 +25,11 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 import numpy as np
-import polars as pl
-import pyarrow as pa
-import pyarrow.ipc as ipc
 
-from moesim.errors import InputError, first_line
 from moesim.fields import FieldError, require
 from moesim.registry import Registry
 from moesim.sim.analysis.speculation import tokens_per_pass
-from moesim.tracegen.formats.specrun import META_FORMAT_KEY, SPECRUN_FORMAT, read_spec_run
+from moesim.tracegen.formats.specrun import read_accepted_counts
 
 BLOCK_DRAWS = 4096  # uniforms drawn at once per request (fewer if the request is shorter)
 _STREAM_ACCEPTANCE = 0xACCE  # tag separating the acceptance streams from other seeded streams
@@ -365,49 +361,6 @@ class _RecordedRequest:
             alpha = total / (total + rejections) if total + rejections else 1.0
             tau = self._taus[j] = tokens_per_pass(np.arange(self._k_cap + 1), alpha)
         return tau
-
-
-def _spec_run_counts(path: Path) -> tuple[list[np.ndarray], int] | None:
-    """Accepted counts per sequence and the draft length of a speculative-run file (contract 2);
-    None when `path` is not one."""
-    try:
-        metadata = ipc.open_file(pa.memory_map(str(path), "r")).schema.metadata or {}
-    except (pa.ArrowInvalid, OSError):
-        return None
-    if metadata.get(META_FORMAT_KEY) != SPECRUN_FORMAT.encode():
-        return None
-    try:
-        run = read_spec_run(path)
-    except InputError as exc:
-        raise FieldError("file", str(exc)) from None
-    return [g["accepted"].to_numpy() for g in run.steps.partition_by("seq", maintain_order=True)], run.meta.draft_len
-
-
-def read_accepted_counts(path: Path) -> tuple[list[np.ndarray], int | None]:
-    """Accepted counts per sequence from a file: a speculative run (contract 2, Arrow), a .npy
-    (one sequence), or a CSV/Parquet/Arrow table with an `accepted` column (optional `seq` to
-    split sequences, `drafted` for the draft length)."""
-    if not path.is_file():
-        raise FieldError("file", f"no such file {path}")
-    reader = {".csv": pl.read_csv, ".parquet": pl.read_parquet, ".arrow": pl.read_ipc}.get(path.suffix)
-    if path.suffix != ".npy" and reader is None:
-        raise FieldError("file", f"{path} must be .npy, .csv, .parquet or .arrow")
-    if path.suffix == ".arrow":
-        spec_run = _spec_run_counts(path)
-        if spec_run is not None:
-            return spec_run  # type: ignore[return-value]
-    try:
-        if reader is None:
-            return [np.asarray(np.load(path, allow_pickle=False))], None
-        frame = reader(path)
-    except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
-        raise FieldError("file", f"cannot read {path} ({first_line(exc)})") from None
-    if "accepted" not in frame.columns:
-        raise FieldError("file", f"{path} has no column 'accepted'")
-    drafted = int(frame["drafted"].max()) if "drafted" in frame.columns and frame.height else None  # type: ignore[arg-type]
-    if "seq" in frame.columns:
-        return [g["accepted"].to_numpy() for g in frame.partition_by("seq", maintain_order=True)], drafted
-    return [frame["accepted"].to_numpy()], drafted
 
 
 @ACCEPTANCE_MODELS.register

@@ -144,6 +144,14 @@ def profile_show(
     render_table(pl.DataFrame(description["family_rows"]), title="Families", caption=caption)
     if description["dispatch"]:
         render_table(pl.DataFrame(description["dispatch"]), title="Dispatch (first rule that holds)", caption="n = tokens per pass")
+    if "speculative" in description:
+        spec = loaded.speculative
+        render_table(
+            pl.DataFrame(description["speculative"]),
+            title=f"Speculative path ({spec.covers})",
+            caption=f"O = iteration + draft_step·steps + verified_token·tokens per speculative iteration, pass_us on every target "
+            f"forward; bound ±{100 * spec.heldout_error:.0f} %",
+        )
     render_table(pl.DataFrame(description["source_rows"]), title="Sources")
     for note in loaded.all_notes():
         console.print(f"note: {note}", markup=False)

@@ -10,6 +10,7 @@ from moesim.hw_profiles.builtin import builtin_names, load_profile
 from moesim.hw_profiles.families import ExpertFamily
 from moesim.hw_profiles.heldout import ErrorStats
 from moesim.hw_profiles.profile import HardwareProfile
+from moesim.hw_profiles.speculative import SPEC_TERMS
 
 
 def _percent(stats: ErrorStats | None) -> str:
@@ -101,6 +102,7 @@ def describe_profile(profile: HardwareProfile) -> dict[str, Any]:
         "family_rows": [*(_family_row(f) for f in profile.expert_families.values()), dense_row],
         "partial": profile.partial,
         "dispatch": dispatch_rows(profile),
+        **({"speculative": speculative_rows(profile)} if profile.speculative is not None else {}),
         "sources": {key: dataclasses.asdict(source) for key, source in profile.sources.items()},
         "source_rows": [{"id": key, "kind": source.kind, "backs": source.label()} for key, source in profile.sources.items()],
         "notes": list(profile.all_notes()),
@@ -127,6 +129,14 @@ def builtin_entries() -> list[dict[str, Any]]:
             }
         )
     return entries
+
+
+def speculative_rows(profile: HardwareProfile) -> list[dict[str, Any]]:
+    """The spec-path terms as table rows: term, value (µs), what fixed it."""
+    spec = profile.speculative
+    if spec is None:
+        return []
+    return [{"term": term, "us": getattr(spec, term), "basis": spec.basis.get(term, spec.provenance.label())} for term in SPEC_TERMS]
 
 
 def dispatch_rows(profile: HardwareProfile) -> list[dict[str, Any]]:

@@ -7,9 +7,13 @@ them as three linear terms, each with what fixed it (`basis`):
 
     O(steps, tokens) = iteration_us + draft_step_us · steps + verified_token_us · tokens
 
-(tokens: every verified token of the batch, roots included; O = 0 for a plain decode pass).
+(tokens: every verified token of the batch, roots included; O = 0 for a plain decode pass), and
+`pass_us`, the time every target forward takes on this engine beyond the profile's families (a
+whole-model overhead the kernel rows behind the profile do not see, fixed by the runs' plain
+decoding): it adds to plain decoding and to every verify pass alike.
 
     [speculative]
+    pass_us = 4600.0
     iteration_us = 4100.0
     draft_step_us = 0.0
     verified_token_us = 0.0
@@ -34,7 +38,7 @@ from typing import Any
 from moesim.errors import ConfigError
 from moesim.hw_profiles.provenance import Provenance
 
-SPEC_TERMS = ("iteration_us", "draft_step_us", "verified_token_us")
+SPEC_TERMS = ("pass_us", "iteration_us", "draft_step_us", "verified_token_us")
 _KEYS = {*SPEC_TERMS, "heldout_error", "covers", "note", "source", "basis"}
 
 
@@ -42,6 +46,7 @@ _KEYS = {*SPEC_TERMS, "heldout_error", "covers", "note", "source", "basis"}
 class SpecPath:
     """The speculative path's terms of one engine on one device, with their provenance."""
 
+    pass_us: float
     iteration_us: float
     draft_step_us: float
     verified_token_us: float

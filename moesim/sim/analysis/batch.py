@@ -17,7 +17,7 @@ from moesim.sim.analysis.speculation import (
     check_draft_lengths,
     tokens_per_pass,
 )
-from moesim.sim.cost.drafters import draft_us
+from moesim.sim.cost.drafters import draft_steps, draft_us
 from moesim.sim.cost.steptime import PassCost
 from moesim.tracegen.formats.trace import Trace
 
@@ -38,6 +38,8 @@ class BatchEffect:
     extrapolation: np.ndarray
     source: list[str]
     warnings: list[str] = field(default_factory=list)
+    tokens_per_pass: float | None = None  # τ of the drafter's tree at α (None: the chain's τ(k, α))
+    spec_us: np.ndarray | None = None  # the profile's spec-path overhead per B (None: no [speculative] table)
 
     @property
     def efficiency(self) -> np.ndarray:
@@ -46,17 +48,21 @@ class BatchEffect:
 
     @property
     def speedup(self) -> np.ndarray:
-        """S(B) = τ(k, α)·T(B, 1) / (T_draft(B, k) + T(B, k + 1))."""
-        return tokens_per_pass(self.draft_len, self.alpha) * self.single_us / (self.draft_us + self.verify_us)
+        """S(B) = τ·T(B, 1) / (T_draft(B, k) + T(B, v) + O(B)), v = k + 1 or the tree's width."""
+        tau = tokens_per_pass(self.draft_len, self.alpha) if self.tokens_per_pass is None else self.tokens_per_pass
+        spent = self.draft_us + self.verify_us if self.spec_us is None else self.draft_us + self.verify_us + self.spec_us
+        return tau * self.single_us / spent
 
     def table(self) -> pl.DataFrame:
         """One row per B."""
+        extra = {} if self.spec_us is None else {"spec_us": self.spec_us}
         return pl.DataFrame(
             {
                 "batch": self.batch,
                 "single_us": self.single_us,
                 "verify_us": self.verify_us,
                 "draft_us": self.draft_us,
+                **extra,
                 "distinct_experts": self.distinct_experts,
                 "target_efficiency": self.efficiency,
                 "speedup": self.speedup,
@@ -66,10 +72,12 @@ class BatchEffect:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
+        tree = {} if self.tokens_per_pass is None else {"tokens_per_pass": self.tokens_per_pass}
         return {
             "alpha": self.alpha,
             "draft_len": self.draft_len,
             "verify_tokens": self.verify_tokens,
+            **tree,
             "batches": self.table().to_dicts(),
             "lanes": self.source,
             "warnings": self.warnings,
@@ -103,7 +111,8 @@ def batch_analysis(
     max_batches: int = 256,
 ) -> BatchEffect:
     """Speedup and target efficiency vs batch size. MoESD's convention verifies γ = k slots per
-    sequence (`moesd_slots`); moesim's verifies k + 1."""
+    sequence (`moesd_slots`); moesim's verifies k + 1, or the width of the drafter's tree at k; the
+    profile's spec-path terms (if any) add to every iteration."""
     check_acceptance(alpha)
     k = int(check_draft_lengths(draft_len))
     if k < 1:
@@ -113,14 +122,22 @@ def batch_analysis(
     if routing not in ("trace", "uniform"):
         raise InputError(f"routing must be 'trace' or 'uniform', got '{routing}'")
     trace = scenario.trace if routing == "trace" else uniform_twin(scenario.trace, scenario.model.preset)
-    verify = k if moesd_slots else k + 1
+    tree = scenario.drafter.tree
+    if moesd_slots and not tree.is_chain:
+        raise InputError("--moesd-slots verifies gamma = k slots of a chain; the drafter has a tree")
+    verify = k if moesd_slots else tree.width(k)
+    spec = scenario.model.profile.speculative
+    engine_pass = spec.pass_us if spec is not None else 0.0
     rows = []
     for b in batches:
         single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
         multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, verify, max_batches)
+        if engine_pass:
+            single, multi = single + engine_pass, multi + engine_pass
         drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us)
-        rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}"))
-    single, multi, drafted, distinct, factor, source = zip(*rows, strict=True)
+        overhead = spec.overhead_us(draft_steps(scenario.drafter, k), b * verify) if spec is not None else 0.0
+        rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}", overhead))
+    single, multi, drafted, distinct, factor, source, overheads = zip(*rows, strict=True)
     sizes = np.asarray(batches)
     return BatchEffect(
         alpha=float(alpha),
@@ -134,6 +151,8 @@ def batch_analysis(
         extrapolation=np.asarray(factor),
         source=list(source),
         warnings=extrapolation_warnings("batch of B =", np.asarray(factor), sizes),
+        tokens_per_pass=None if tree.is_chain else float(tree.tokens_per_pass(k, np.array([alpha]))[0]),
+        spec_us=None if spec is None else np.asarray(overheads),
     )
 
 

@@ -20,10 +20,11 @@ import numpy as np
 
 from moesim.errors import InputError
 from moesim.fields import FieldError
+from moesim.hw_profiles import HardwareProfile
 from moesim.sim.analysis.batch import union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, expected_costs
 from moesim.sim.analysis.speculation import best_in_table, check_acceptance, relative_cost, tokens_per_pass_table
-from moesim.sim.cost.drafters import draft_steps, draft_us
+from moesim.sim.cost.drafters import Drafter, draft_steps, draft_us
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, SIGNS, PassCost
 from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, break_even_alpha_tree, solve_alpha
 from moesim.tracegen.formats.specrun import read_accepted_counts
@@ -96,11 +97,20 @@ def spec_costs(scenario: Scenario, max_draft: int, batch: int = 1, max_batches: 
     else:
         verify = mean_costs([union_pass_cost(scenario, scenario.trace, batch, int(w), max_batches)[0] for w in widths])
     drafted = np.array([draft_us(drafter, np.full(batch, k), scenario.context_tokens, scenario.dense_us) for k in range(max_draft + 1)])
-    spec = scenario.model.profile.speculative
-    overhead = np.zeros(max_draft + 1)
-    if spec is not None:
-        overhead = np.array([spec.overhead_us(draft_steps(drafter, k), batch * int(w)) for k, w in enumerate(widths)])
-    return SpecCosts(widths, drafted, overhead, verify, drafter.provenance == "profile", spec.heldout_error if spec else 0.0)
+    return costs_on(scenario.model.profile, drafter, widths, drafted, verify, batch)
+
+
+def costs_on(
+    profile: HardwareProfile, drafter: Drafter, widths: np.ndarray, drafted: np.ndarray, verify: PassCost, batch: int
+) -> SpecCosts:
+    """SpecCosts with the profile's spec-path terms: O(k) for `batch` requests verifying widths[k]
+    tokens each, the engine's pass_us and their bound (none without a `[speculative]` table)."""
+    spec = profile.speculative
+    uses_dense = drafter.provenance == "profile"
+    if spec is None:
+        return SpecCosts(widths, drafted, np.zeros(widths.size), verify, uses_dense)
+    overhead = np.array([spec.overhead_us(draft_steps(drafter, k), batch * int(w)) for k, w in enumerate(widths)])
+    return SpecCosts(widths, drafted, overhead, verify, uses_dense, spec.heldout_error, spec.pass_us)
 
 
 @dataclass(frozen=True)

@@ -394,6 +394,15 @@ def split_options(spec: str) -> tuple[str, dict[str, str]]:
     return parts[0].strip(), options
 
 
+def drafter_tree(spec: str) -> TreeSpec:
+    """The tree a drafter spec names (the chain when it names none or names it wrongly: `make_drafter` says what is wrong)."""
+    try:
+        options = split_options(spec)[1]
+        return parse_tree(",".join(f"{k}={v}" for k, v in options.items() if k != "device"))
+    except MoesimError:
+        return TreeSpec()
+
+
 def make_drafter(spec: str, target: ModelPreset, weight_format: str | None = None) -> Drafter:
     """A drafter from a spec: 'ngram', 'eagle', 'eagle3', 'mtp', 'medusa', 'dflash', 'suffix',
     'fixed:US', or a dense / MoE preset name or path; with options topk, tokens, paths (its tree)

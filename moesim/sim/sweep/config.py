@@ -27,7 +27,7 @@ from moesim.fields import FieldError, build, require
 from moesim.hw_profiles import HardwareProfile, load_profile
 from moesim.kernels.windows import MAX_PASS_LIMIT
 from moesim.models import ModelPreset, load_preset
-from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.drafters import drafter_tree, make_drafter
 from moesim.sim.cost.steptime import check_engine
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
@@ -110,8 +110,9 @@ class Grid:
 
     @property
     def max_tokens(self) -> int:
-        """Largest tokens per sequence in any pass the sweep costs: max(max_pass, max_draft + 1)."""
-        return max(self.max_pass, self.max_draft + 1)
+        """Largest tokens per sequence in any pass the sweep costs: max(max_pass, max_draft + 1, the
+        widest drafter tree's verify width at max_draft)."""
+        return max(self.max_pass, self.max_draft + 1, *(drafter_tree(d).width(self.max_draft) for d in self.drafters))
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,13 @@ def _check_names(config: SweepConfig) -> None:
             raise ConfigError(f"{config.key('grid.models')}: model '{name}' has no experts; the sweep needs MoE targets")
         for drafter in config.grid.drafters:
             try:
-                make_drafter(drafter, preset)
+                width = make_drafter(drafter, preset).tree.width(config.grid.max_draft)
             except MoesimError as exc:
                 raise ConfigError(f"{config.key('grid.drafters')}: {exc}") from None
+            if width > MAX_PASS_LIMIT:
+                raise ConfigError(
+                    f"{config.key('grid.drafters')}: drafter '{drafter}' verifies {width} tokens at max_draft, above {MAX_PASS_LIMIT}"
+                )
     for profile in config.profiles.values():
         for engine in config.grid.engines:
             try:

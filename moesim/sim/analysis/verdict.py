@@ -69,22 +69,27 @@ class SpecCosts:
     verify: PassCost
     uses_dense: bool
     spec_epsilon: float = 0.0
+    pass_us: float = 0.0  # the engine's time per target forward beyond the profile (its [speculative] pass_us)
+
+    def target_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0, spec_sign: float = 0.0) -> np.ndarray:
+        """T_target(width(k)) at one corner, the engine's pass_us included."""
+        verify = self.verify.total_us(expert_sign, dense_sign)
+        return verify + self.pass_us * (1.0 + spec_sign * self.spec_epsilon) if self.pass_us else verify
 
     def relative(self, expert_sign: float = 0.0, dense_sign: float = 0.0, spec_sign: float = 0.0) -> np.ndarray:
         """C(k) at one corner of the error box."""
         draft = self.draft_us * (1.0 + dense_sign * self.verify.dense_epsilon) if self.uses_dense else self.draft_us
-        return relative_cost(
-            draft + self.overhead_us * (1.0 + spec_sign * self.spec_epsilon), self.verify.total_us(expert_sign, dense_sign)
-        )
+        spent = draft + self.overhead_us * (1.0 + spec_sign * self.spec_epsilon)
+        return relative_cost(spent, self.target_us(expert_sign, dense_sign, spec_sign))
 
     def corners(self) -> list[np.ndarray]:
-        """C(k) at the nominal point, then at each corner (the spec-path bound doubles them where there is an overhead)."""
-        spec_signs = SIGNS if self.spec_epsilon and np.any(self.overhead_us) else (0.0,)
+        """C(k) at the nominal point, then at each corner (the spec-path bound doubles them where it has terms)."""
+        spec_signs = SIGNS if self.spec_epsilon and (self.pass_us or np.any(self.overhead_us)) else (0.0,)
         return [self.relative(), *(self.relative(e, d, s) for e, d in ERROR_BOX_CORNERS for s in spec_signs)]
 
     def shares(self) -> dict[str, np.ndarray]:
-        """C(k) − 1 by term: (T(width) − T(1)) / T(1), T_draft / T(1), O / T(1)."""
-        target = self.verify.total_us()
+        """C(k) − 1 by term: (T(width) − T(1)) / T(1), T_draft / T(1), O / T(1) (T with the engine's pass_us)."""
+        target = self.target_us()
         return dict(zip(TERMS, ((target - target[0]) / target[0], self.draft_us / target[0], self.overhead_us / target[0]), strict=True))
 
 

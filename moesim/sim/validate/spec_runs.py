@@ -40,6 +40,7 @@ from moesim.models import load_preset
 from moesim.sim.analysis.scenario import Scenario, expected_costs
 from moesim.sim.cost.drafters import draft_steps, draft_us, make_drafter
 from moesim.sim.cost.steptime import StepTimeModel, default_engine
+from moesim.sim.cost.tree import TreeSpec, solve_alpha
 from moesim.tomlfile import read_toml
 from moesim.tracegen.routing.synth import Uniform, synthesize
 
@@ -310,6 +311,93 @@ def sensitivity(runs: list[RunCosts], reading: str, descriptions: list[RunDescri
 def splits(runs: list[RunCosts]) -> dict[str, HeldOut]:
     """Leave one run out and leave one engine out."""
     return {"leave one run out": held_out(runs, "row"), "leave one engine out": held_out(runs, "engine")}
+
+
+PUBLISHED = Path("data/validation/spec-published/runs.toml")
+JUDGE_SETTING = {"preset": "qwen3-30b-a3b", "profile": "nvidia-h100-sxm-vllm", "weight_format": "BF16", "context_tokens": 512}
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """A published run outside the shared file (judging only): SGLang's tree settings, accepted length, speeds."""
+
+    source: str
+    devices: str
+    baseline_tokens_per_s: float
+    steps: int
+    topk: int
+    tokens: int
+    tokens_per_s: float
+    accept_length: float
+
+    @property
+    def tree(self) -> TreeSpec:
+        """The SGLang tree family (topk, tokens); steps is the draft length."""
+        return TreeSpec(topk=self.topk, tokens=self.tokens if self.topk > 1 else None)
+
+
+def read_published(path: Path = PUBLISHED) -> list[PublishedRun]:
+    """The judging-only runs."""
+    tables = read_toml(path, "published runs").get("run", [])
+    return [build(PublishedRun, table, f"run[{i}]", str(path), path.parent) for i, table in enumerate(tables)]
+
+
+def judge_tree_acceptance(published: list[PublishedRun]) -> pl.DataFrame:
+    """Accepted lengths of each source's trees predicted from its smallest tree's (α solved there,
+    the default sibling rate), against the measured ones."""
+    records = []
+    for source in dict.fromkeys(r.source for r in published):
+        group = [r for r in published if r.source == source]
+        anchor = min(group, key=lambda r: (r.tokens, r.topk))
+        alpha = solve_alpha(anchor.tree, anchor.steps, anchor.accept_length)
+        for run in group:
+            predicted = float(run.tree.tokens_per_pass(run.steps, np.array([alpha]))[0])
+            records.append(
+                {
+                    "source": source.rsplit("/", 3)[-3] + "#" + source.rsplit("/", 1)[-1],
+                    "tree": f"({run.steps},{run.topk},{run.tokens})",
+                    "anchor": run is anchor,
+                    "alpha": alpha,
+                    "measured": run.accept_length,
+                    "predicted": predicted,
+                    "error": predicted / run.accept_length - 1.0,
+                }
+            )
+    return pl.DataFrame(records)
+
+
+def judge_verdicts(published: list[PublishedRun], setting: dict[str, object] = JUDGE_SETTING) -> pl.DataFrame:
+    """Speedups of the runs as moesim describes them on one device (EAGLE-3 head with SGLang's tree,
+    the run's own accepted length), against the measured ones, and the overhead per iteration the
+    measured speedup implies (what a `[speculative]` table of SGLang on this device would need)."""
+    preset = load_preset(str(setting["preset"]))
+    profile = load_profile(str(setting["profile"]))
+    fmt, context = str(setting["weight_format"]), int(setting["context_tokens"])  # type: ignore[call-overload]
+    trace = synthesize(preset, Uniform(), 256, 2, 0, fmt)
+    model = StepTimeModel(preset, profile, default_engine(profile), fmt)
+    records = []
+    for run in published:
+        drafter = make_drafter("eagle3" + (f",{run.tree.label()}" if not run.tree.is_chain else ""), preset, fmt)
+        scenario = Scenario(model, trace, drafter, context)
+        single, verify = expected_costs(scenario, np.array([1, drafter.tree.width(run.steps)])).total_us()
+        drafted = draft_us(drafter, np.array([run.steps]), context, scenario.dense_us)
+        tau = run.accept_length
+        predicted = tau * single / (drafted + verify)
+        measured = run.tokens_per_s / run.baseline_tokens_per_s
+        records.append(
+            {
+                "devices": run.devices,
+                "tree": f"({run.steps},{run.topk},{run.tokens})",
+                "verify_tokens": drafter.tree.width(run.steps),
+                "tokens_per_pass": tau,
+                "measured": measured,
+                "predicted": predicted,
+                "verdict_right": (predicted > 1.0) == (measured > 1.0),
+                "implied_overhead_us": tau * single / measured - drafted - verify,
+                "plain_us": float(single),
+            }
+        )
+    return pl.DataFrame(records)
 
 
 if __name__ == "__main__":

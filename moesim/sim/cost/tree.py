@@ -271,3 +271,9 @@ def break_even_alpha_tree(spec: TreeSpec, draft_len: int, relative_cost: float, 
     if relative_cost > high:
         return math.nan
     return solve_alpha(spec, draft_len, relative_cost, sibling_rate)
+
+
+def truncated_widths(tree: DraftTree, max_draft: int) -> tuple[int, ...]:
+    """Verify width of the tree cut at depth k, k = 0..max_draft: 1 + #{v : 1 <= depth(v) <= k}."""
+    depths = np.asarray(tree.depths)
+    return tuple(1 + int(np.count_nonzero((depths >= 1) & (depths <= k))) for k in range(max_draft + 1))

@@ -19,6 +19,7 @@ config keys of `[acceptance]`, and `bind` returns the per-request state.
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 from moesim.fields import FieldError, require
 from moesim.registry import Registry
 from moesim.sim.analysis.speculation import tokens_per_pass
+from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, DraftTree, TreeSpec, accepted_survival
 from moesim.tracegen.formats.specrun import read_accepted_counts
 
 BLOCK_DRAWS = 4096  # uniforms drawn at once per request (fewer if the request is shorter)
@@ -228,6 +230,53 @@ class Position:
 
     def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
         """Survival draws, the same S for every request."""
+        return _SurvivalRequest(request_rng(seed, request_id), _block_size(output_tokens), self.survival(k_cap))
+
+
+@ACCEPTANCE_MODELS.register
+@dataclass(frozen=True)
+class Tree:
+    """A draft tree's accepted length (`moesim.sim.cost.tree`): at every depth the drafter's top
+    candidate matches with `alpha`, each further sibling with `sibling_rate` of what the higher
+    ranks missed; S_d = P(A >= d) of the [drafter]'s tree at the policy's largest draft length (the
+    tree at a smaller k is that tree cut at depth k)."""
+
+    name: ClassVar[str] = "tree"
+    alpha: float
+    sibling_rate: float = DEFAULT_SIBLING_RATE
+    shape: TreeSpec = field(default_factory=TreeSpec, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_alpha(self.alpha, "alpha")
+        _check_alpha(self.sibling_rate, "sibling_rate")
+
+    def with_shape(self, shape: TreeSpec) -> Tree:
+        """The model for the drafter's tree family."""
+        bound = copy.copy(self)
+        object.__setattr__(bound, "shape", shape)
+        return bound
+
+    def draft_tree(self, k_cap: int) -> DraftTree:
+        """The drafter's tree at the cap (a pruned beam pruned for this α)."""
+        return self.shape.tree(k_cap, np.array([self.alpha]), self.sibling_rate)
+
+    def survival(self, k_cap: int) -> np.ndarray:
+        """S_1..S_kcap (0 beyond the tree's depth)."""
+        tree = self.draft_tree(k_cap)
+        out = np.zeros(k_cap)
+        if tree.depth:
+            out[: tree.depth] = accepted_survival(tree, np.array([[self.alpha]]), self.sibling_rate)[0]
+        return out
+
+    def check_cap(self, k_cap: int) -> None:
+        """Any draft length is fine."""
+
+    def mean_alpha(self, request_id: int, seed: int) -> float:
+        """The top candidate's α."""
+        return self.alpha
+
+    def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
+        """Survival draws of the tree, the same S for every request."""
         return _SurvivalRequest(request_rng(seed, request_id), _block_size(output_tokens), self.survival(k_cap))
 
 

@@ -11,8 +11,8 @@ raised before anything runs or is written:
     [trace]       path | synth (+ synth_params, tokens, seqs, seed); offset_stride
     [cost]        kind = "table" (target_us, draft_step_us, prefill_us_per_token) | "steptime"
     [target]      model, weight_format, profile, engine          (the step-time model's target)
-    [drafter]     kind = "ngram" | "preset" (model) | "eagle" | "fixed" (time_us)
-    [acceptance]  model = "geometric" | "position" | "regime" | "recorded", and its keys
+    [drafter]     kind = "ngram" | "preset" (model) | "eagle" | "fixed" (time_us) | any drafter spec; tree
+    [acceptance]  model = "geometric" | "position" | "regime" | "recorded" | "tree", and its keys
     [policy]      name = "off" | "static" | "oracle" | "cascade", and its keys
     [study]       optional grid: models, [study.workloads.NAME] acceptance tables, [[study.policies]]
 """
@@ -29,10 +29,11 @@ from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.fields import FieldError, build, build_entry, require
 from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import DRAFTERS, make_drafter
+from moesim.sim.cost.drafters import DRAFTERS, drafter_tree, make_drafter, split_options
 from moesim.sim.cost.steptime import default_engine
+from moesim.sim.cost.tree import TreeSpec, parse_tree
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
-from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
+from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tree
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import read_toml
@@ -135,27 +136,48 @@ class TargetSection:
 @dataclass(frozen=True)
 class DrafterSection:
     """The drafter: n-gram / prompt lookup (≈ 0 cost), a dense preset on the same profile, an
-    EAGLE-style head, or a fixed time per drafted token."""
+    EAGLE-style head, or a fixed time per drafted token; `kind` may be any drafter spec as the
+    command line takes it (e.g. "eagle3:32000" or "mtp,topk=2,tokens=6"), and `tree` adds a draft
+    tree ("topk=K,tokens=N" or "paths=[[0],...]") to it."""
 
     kind: str = "ngram"
     model: str | None = None
     time_us: float | None = None
+    tree: str = ""
 
     def __post_init__(self) -> None:
-        require(self.kind in DRAFTERS, "kind", DRAFTERS.unknown(self.kind))
+        try:
+            base, options = split_options(self.kind)
+        except ConfigError as exc:
+            raise FieldError("kind", str(exc)) from None
+        name = base.partition(":")[0]
+        require(name in DRAFTERS, "kind", DRAFTERS.unknown(name))
         if self.kind == "preset":
             require(self.model is not None, "model", "a preset drafter needs a model preset name")
         if self.kind == "fixed":
             t = self.time_us
             require(t is not None and math.isfinite(t) and t >= 0, "time_us", f"a fixed drafter needs time_us >= 0, got {t}")
+        if self.tree:
+            named = sorted({"topk", "tokens", "paths"} & set(options))
+            require(not named, "tree", f"kind '{self.kind}' already names its tree ({', '.join(named)}): give it in one place")
+            try:
+                parse_tree(self.tree)
+            except ConfigError as exc:
+                raise FieldError("tree", str(exc)) from None
 
     def spec(self) -> str:
         """The drafter as `moesim.sim.cost.drafters.make_drafter` names it."""
         if self.kind == "preset":
-            return self.model  # type: ignore[return-value]
-        if self.kind == "fixed":
-            return f"fixed:{self.time_us}"
-        return self.kind
+            base = self.model  # type: ignore[assignment]
+        elif self.kind == "fixed":
+            base = f"fixed:{self.time_us}"
+        else:
+            base = self.kind
+        return f"{base},{self.tree}" if self.tree else base  # type: ignore[return-value]
+
+    def tree_spec(self) -> TreeSpec:
+        """The tree the drafter verifies (the chain by default)."""
+        return drafter_tree(self.spec())
 
 
 @dataclass(frozen=True)
@@ -325,12 +347,40 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         study=_study(data["study"], source, base_dir, cost) if "study" in data else None,
     )
     _check_target(target, config.drafter if cost.kind == "steptime" else None, config.models(), source)
+    config = _with_drafter_tree(config)
     if trace is not None and trace.path is not None and MODEL_PLACEHOLDER in str(trace.path):
         for model in config.models():
             path = trace.path_for(model)
             if model is None or not path.is_file():  # type: ignore[union-attr]
                 raise ConfigError(f"{source}: key 'trace.path': no such trace file {path} (model {model})")
     return config
+
+
+def _with_drafter_tree(config: SimConfig) -> SimConfig:
+    """A draft tree needs the step-time cost and an acceptance that knows trees: `tree` (given the
+    drafter's tree family here) or a recorded run of a static tree (`paths`)."""
+    tree = config.drafter.tree_spec()
+    workloads = [("acceptance", config.acceptance)] + [
+        (f"study.workloads.{n}", a) for n, a in (config.study.workloads if config.study else ())
+    ]
+    if not tree.is_chain:
+        if config.cost.kind != "steptime":
+            raise ConfigError(
+                f"{config.source}: key 'drafter.tree': a draft tree needs cost.kind = 'steptime' (the verify width is priced)"
+            )
+        for section, acceptance in workloads:
+            if not isinstance(acceptance, Tree) and (acceptance.name != "recorded" or not tree.paths):
+                raise ConfigError(
+                    f"{config.source}: key '{section}.model': the drafter verifies a tree ({tree.label()}); give model = 'tree' "
+                    "(or 'recorded' for a static tree of paths)"
+                )
+    shaped = {id(a): a.with_shape(tree) for _, a in workloads if isinstance(a, Tree)}
+    if not shaped:
+        return config
+    study = config.study
+    if study is not None:
+        study = dataclasses.replace(study, workloads=tuple((n, shaped.get(id(a), a)) for n, a in study.workloads))
+    return dataclasses.replace(config, acceptance=shaped.get(id(config.acceptance), config.acceptance), study=study)
 
 
 def load_config(path: str | Path) -> SimConfig:

@@ -22,7 +22,8 @@ from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
 from moesim.sim.cost.steptime import StepTimeModel, default_engine
 from moesim.sim.cost.trace_batch import TraceBatchCost
-from moesim.sim.serving.acceptance import AcceptanceModel
+from moesim.sim.cost.tree import truncated_widths
+from moesim.sim.serving.acceptance import AcceptanceModel, Tree
 from moesim.sim.serving.config import SimConfig
 from moesim.sim.serving.outputs import iterations_table, requests_table, summary, write_arrow, write_run
 from moesim.sim.serving.policies import Off, Policy
@@ -64,7 +65,7 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
         preset = load_preset(name or "")
         profile = load_profile(target.profile or "")
         step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "")
-        drafter = make_drafter(config.drafter.spec(), preset)
+        drafter = make_drafter(config.drafter.spec(), preset, target.weight_format or None)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None
     try:
@@ -73,12 +74,22 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
         raise ConfigError(f"{config.source}: key 'trace': {exc}") from None
 
 
-def trace_windows(config: SimConfig, trace: Trace | None, k_cap: int) -> TraceWindows | None:
+def tree_widths(config: SimConfig, acceptance: AcceptanceModel, k_cap: int) -> tuple[int, ...]:
+    """Verify widths per draft length 0..k_cap of the drafter's tree (its tree at the cap, cut at
+    depth k; a pruned beam is pruned for the `tree` acceptance's α); empty for a chain."""
+    shape = config.drafter.tree_spec()
+    if shape.is_chain:
+        return ()
+    tree = acceptance.draft_tree(k_cap) if isinstance(acceptance, Tree) else shape.tree(k_cap)
+    return truncated_widths(tree, k_cap)
+
+
+def trace_windows(config: SimConfig, trace: Trace | None, k_cap: int, widest: int | None = None) -> TraceWindows | None:
     """Where requests decode in the trace; every sequence must hold the largest verify window."""
     if trace is None or config.trace is None:
         return None
     try:
-        return TraceWindows.from_trace(trace, config.trace.offset_stride, k_cap + 1, trace.meta.geometry.model)
+        return TraceWindows.from_trace(trace, config.trace.offset_stride, widest or k_cap + 1, trace.meta.geometry.model)
     except FieldError as exc:
         key = "path" if config.trace.path is not None else "tokens"
         raise ConfigError(f"{config.source}: key 'trace.{key}': {exc.detail}") from None
@@ -92,7 +103,11 @@ def run_server(
     acceptance: AcceptanceModel,
     progress: Progress | None = None,
 ) -> ServerRecord:
-    """One server run of the config's workload under `policy` and `acceptance`."""
+    """One server run of the config's workload under `policy` and `acceptance` (a draft tree
+    verifies its width: the trace cost is told the widths)."""
+    widths = tree_widths(config, acceptance, policy.k_cap)
+    if widths and isinstance(cost, TraceBatchCost):
+        cost = dataclasses.replace(cost, widths=widths)
     server = Server(
         cost=cost,
         policy=policy,
@@ -103,7 +118,7 @@ def run_server(
         requests=config.run.requests,
         duration_us=config.run.duration_s * 1e6,
         seed=config.run.seed,
-        windows=trace_windows(config, trace, policy.k_cap),
+        windows=trace_windows(config, trace, policy.k_cap, max(widths, default=None)),
         progress=progress,
     )
     return server.run()

@@ -10,10 +10,12 @@ STAMP := $(VENV)/.moesim-installed
 
 install: $(STAMP)
 
+# pip -qq prints errors only: a machine's own pip configuration (an extra index folder that
+# lacks some packages, say) otherwise prints a warning per package during make demo / make test
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,ray]'
+	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -m pip install -qq -e '.[test,ray]'
 	touch $(STAMP)
 
 demo: $(STAMP)

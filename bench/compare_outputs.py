@@ -28,7 +28,8 @@ Substitutions (the only ones; each for something random by construction, issue 1
    `seconds`, `simulated_iterations_per_s`): replaced by `<t>`; in those stdouts whitespace runs
    are then collapsed to one space (a number of another width re-wraps a table caption).
 3. `examples/cascade-reproduction.toml` (5 minutes as shipped) runs with `requests = 2` and
-   `output_tokens = 256` (same code paths; the copy is in the run folder).
+   `output_tokens = 256`, and `examples/moesd-reproduction.toml` (5 minutes) with batches 1 and 16
+   and 1 s of simulated time per cell (same code paths; the copies are in the run folder).
 
 Commands that print renamed options use the spelling the installed CLI offers (the new one when
 `--help` lists it), so old and new trees run the same thing.
@@ -148,6 +149,10 @@ def prepare(run_dir: Path) -> None:
     text = re.sub(r"(?m)^requests = 16\b", "requests = 2", text)
     text = re.sub(r"(?m)^output_tokens = 1024\b", "output_tokens = 256", text)
     reproduction.write_text(text)
+    moesd = run_dir / "examples" / "moesd-reproduction.toml"
+    if moesd.is_file():
+        text = re.sub(r"(?m)^batches = \[.*\]", "batches = [1, 16]", moesd.read_text())
+        moesd.write_text(re.sub(r"(?m)^duration_s = [0-9.]+", "duration_s = 1.0", text))
     (run_dir / "data").mkdir()
     shutil.copy(REPO / "data" / "h200" / "calibration.parquet", run_dir / "data" / "h200.parquet")
     shutil.copy(REPO / "data" / "h200" / "device.json", run_dir / "data" / "device.json")

@@ -166,6 +166,8 @@ class ModelPreset:
     attention_bias: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    ffn_gated: bool = True
+    embedding_dim: int = 0
     default_format: str = "BF16"
     hf_id: str = ""
     published_total_params_b: float = 0.0
@@ -219,8 +221,8 @@ class ModelPreset:
         return float(sum(self.attention_of(i).flops_per_context_token() for i in range(self.layers)))
 
     def lm_head_params(self) -> int:
-        """Parameters of the output head (vocab x hidden)."""
-        return self.vocab * self.hidden
+        """Parameters of the output head (vocab x the embedding width)."""
+        return self.vocab * self.embedding_width
 
     def non_expert_params_per_layer(self, layer: int) -> int:
         """Parameters of layer `layer` other than routed experts (attention, norms, FFN parts)."""
@@ -228,12 +230,21 @@ class ModelPreset:
         if layer in self.moe_layers:
             ffn = self.router_params() + self.shared_params_per_moe_layer()
         else:
-            ffn = 3 * self.hidden * self.dense_intermediate
+            ffn = (3 if self.ffn_gated else 2) * self.hidden * self.dense_intermediate
         return self.attention_params(layer) + norms + ffn
 
+    @property
+    def embedding_width(self) -> int:
+        """Width of the embedding table and LM head: `embedding_dim`, or the hidden size when 0."""
+        return self.embedding_dim or self.hidden
+
+    def projection_params(self) -> int:
+        """The projections between a narrower embedding and the hidden size (OPT-350M): 2·hidden·width."""
+        return 0 if self.embedding_width == self.hidden else 2 * self.hidden * self.embedding_width
+
     def embedding_params(self) -> int:
-        """Input embedding table plus LM head (counted once when tied)."""
-        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+        """Input embedding table plus LM head (counted once when tied), and their projections."""
+        return self.vocab * self.embedding_width * (1 if self.tie_embeddings else 2) + self.projection_params()
 
     def total_params(self) -> int:
         """All parameters: embeddings, every layer, every expert, final norm."""
@@ -268,11 +279,15 @@ class ModelPreset:
     @cached_property
     def _non_expert_params(self) -> int:
         layers = sum(self.non_expert_params_per_layer(i) for i in range(self.layers))
-        return layers + self.vocab * self.hidden + 2 * self.hidden
+        return layers + self.vocab * self.embedding_width + self.projection_params() + 2 * self.hidden
 
     def non_expert_bytes_per_token(self, weight_format: str | None = None) -> float:
         """Weight bytes a batch-1 decode step reads besides routed experts."""
         return float(self.non_expert_params_per_token() * bytes_per_weight(weight_format or self.default_format))
+
+    def weight_bytes(self, weight_format: str | None = None) -> float:
+        """Bytes of all the model's weights in a format (total parameters · bytes per weight)."""
+        return float(self.total_params() * bytes_per_weight(weight_format or self.default_format))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for trace and profile metadata)."""
@@ -283,9 +298,9 @@ class ModelPreset:
 
 _INT_FIELDS = (
     "layers", "hidden", "vocab", "experts", "top_k", "expert_intermediate", "shared_experts",
-    "shared_intermediate", "dense_intermediate",
+    "shared_intermediate", "dense_intermediate", "embedding_dim",
 )  # fmt: skip
-_BOOL_FIELDS = ("tie_embeddings", "expert_bias", "router_bias", "attention_bias", "qkv_bias", "qk_norm")
+_BOOL_FIELDS = ("tie_embeddings", "expert_bias", "router_bias", "attention_bias", "qkv_bias", "qk_norm", "ffn_gated")
 
 
 def _require_int(source: str, key: str, value: Any, minimum: int) -> int:
@@ -382,13 +397,16 @@ def builtin_names(kind: str | None = None) -> list[str]:
     return [n for n, t in _builtin_tables().items() if kind is None or t.get("kind", "moe") == kind]
 
 
+PRESET_FILES = "a preset .toml or a Hugging Face config.json"
+
+
 def load_preset(name_or_path: str | Path) -> ModelPreset:
     """A built-in preset by name, or a preset from a TOML file or a Hugging Face config.json."""
     text = str(name_or_path)
     tables = _builtin_tables()
     if text in tables:
         if tables[text].get("kind") == "eagle":
-            raise InputError(f"preset '{text}' is a draft head; resolve it with draft_for('{text}', target)")
+            raise InputError(f"'{text}' is an EAGLE-style draft head, not a model of its own: name it as a drafter (drafter '{text}')")
         return preset_from_table(text, tables[text])
     path = Path(text)
     if path.suffix == ".toml" or path.suffix == ".json":
@@ -403,7 +421,22 @@ def load_preset(name_or_path: str | Path) -> ModelPreset:
             name, table = path.stem, data
         return preset_from_table(name, table, source=str(path))
     known = ", ".join(n for n in tables if tables[n].get("kind") != "eagle")
-    raise InputError(f"unknown model preset '{text}' (built-in: {known}; or give a .toml or config.json path)")
+    raise InputError(f"unknown model preset '{text}' (built-in: {known}; or {PRESET_FILES})")
+
+
+def load_target(name_or_path: str | Path) -> ModelPreset:
+    """A MoE target preset: a built-in MoE preset or a preset file with routed experts (one line
+    listing the MoE presets when it is not)."""
+    text = str(name_or_path)
+    moe = ", ".join(builtin_names("moe"))
+    if text in _builtin_tables() and text not in builtin_names("moe"):
+        raise InputError(f"'{text}' is a draft model, not a MoE target (MoE presets: {moe}; or {PRESET_FILES})")
+    if text not in _builtin_tables() and Path(text).suffix not in (".toml", ".json"):
+        raise InputError(f"unknown MoE model preset '{text}' (built-in: {moe}; or {PRESET_FILES})")
+    preset = load_preset(text)
+    if preset.kind != "moe":
+        raise InputError(f"{text}: model '{preset.name}' has no routed experts; a target must be a MoE model")
+    return preset
 
 
 def draft_for(name_or_path: str | Path, target: ModelPreset) -> ModelPreset:
@@ -446,7 +479,7 @@ def _hf(config: dict[str, Any], path: Path, *keys: str, default: Any = None) -> 
 
 
 def preset_from_hf_config(path: Path) -> ModelPreset:
-    """Read a Hugging Face config.json (Mixtral, Qwen-MoE, DeepSeek, OLMoE, Phi-MoE, gpt-oss, dense)."""
+    """Read a Hugging Face config.json (Mixtral, Qwen-MoE, DeepSeek, OLMoE, Phi-MoE, gpt-oss, dense, OPT)."""
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -494,6 +527,9 @@ def preset_from_hf_config(path: Path) -> ModelPreset:
         table["attention_bias"] = True
     if model_type == "deepseek_v3":
         table["router_bias"] = True
+    if model_type == "opt":
+        table.update(ffn_gated=False, attention_bias=True, tie_embeddings=bool(config.get("tie_word_embeddings", True)))
+        table["embedding_dim"] = config.get("word_embed_proj_dim") or hidden
     table["attention"] = attention
     if experts:
         table["kind"] = "moe"
@@ -508,6 +544,6 @@ def preset_from_hf_config(path: Path) -> ModelPreset:
             table["dense_intermediate"] = _hf(config, path, "intermediate_size")
     else:
         table["kind"] = "dense"
-        table["dense_intermediate"] = _hf(config, path, "intermediate_size")
+        table["dense_intermediate"] = _hf(config, path, "intermediate_size", "ffn_dim")
     name = path.parent.name if path.name == "config.json" else path.stem
     return preset_from_table(name, table, source=str(path))

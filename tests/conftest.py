@@ -42,13 +42,21 @@ class DemoRun:
     out_dir: Path
 
 
+DEMO_COLUMNS = 80  # the demo runs in a newcomer's 80-column terminal
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    """The demo, run once per test session through the CLI and shared by every test reading its outputs."""
+    """The demo, run once per test session through the CLI at 80 columns and shared by every test reading its outputs."""
     out_dir = tmp_path_factory.mktemp("demo") / "report"
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["demo", "--out", str(out_dir)])
+    columns = os.environ["COLUMNS"]
+    os.environ["COLUMNS"] = str(DEMO_COLUMNS)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(["demo", "--out", str(out_dir)])
+    finally:
+        os.environ["COLUMNS"] = columns
     return DemoRun(code, stdout.getvalue(), stderr.getvalue(), out_dir)
 
 

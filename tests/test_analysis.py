@@ -11,11 +11,11 @@ import pytest
 from conftest import assert_one_line_error
 
 from moesim.kernels.features import uniform_distinct_experts
-from moesim.models import load_preset
+from moesim.models import builtin_names, load_preset
 from moesim.sim.analysis.batch import batch_analysis
 from moesim.sim.analysis.crossover import crossover_analysis
 from moesim.sim.analysis.predict import predict
-from moesim.sim.analysis.scenario import load_scenario
+from moesim.sim.analysis.scenario import extrapolation_warnings, load_scenario, size_ranges
 from moesim.tracegen.formats.trace import write_trace
 from moesim.tracegen.routing.synth import Sticky, Uniform, synthesize
 
@@ -106,9 +106,69 @@ def test_errors_and_extrapolation_warning(cli, trace_path: Path) -> None:  # typ
     assert json.loads(out)["batches"][1]["extrapolation"] == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_size_ranges_round_trip(seed: int) -> None:
+    sizes = sorted(set(np.random.default_rng(seed).integers(1, 40, size=12).tolist()))
+    expanded = []
+    for run in size_ranges(sizes).split(", "):
+        low, _, high = run.partition("-")
+        expanded += list(range(int(low), int(high or low) + 1))
+    assert expanded == sizes
+
+
+def test_extrapolation_warnings_are_one_line_per_call() -> None:
+    factor = np.array([1.0, 2.0, 2.0, 1.0, 3.5, 1.0])
+    sizes = np.array([1, 2, 3, 4, 5, 6])
+    assert extrapolation_warnings("pass", "n", factor, sizes) == [
+        "passes of n = 2-3, 5 lie beyond the calibrated range (extrapolation factors 2.00-3.50); the roofline bounds them from below"
+    ]
+    assert extrapolation_warnings("batch", "B", np.array([1.0, 2.0]), np.array([1, 64])) == [
+        "batch of B = 64 lies beyond the calibrated range (extrapolation factor 2.00); the roofline bounds it from below"
+    ]
+    assert extrapolation_warnings("pass", "n", np.ones(3), np.arange(1, 4)) == []
+
+
 def test_crossover_range_contains_nominal(trace_path: Path) -> None:
     result = crossover_analysis(load_scenario(trace_path, "nvidia-h200"), "dedup_grouped_gemm", 32)
     low, high = result.crossover_range
     assert result.crossover_n is not None  # grouped GEMM overtakes per-slot within 32 tokens on this trace
     assert low is not None and low <= result.crossover_n
     assert high is None or result.crossover_n <= high
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readme_lists_every_builtin_preset() -> None:
+    text = " ".join(README.read_text().split())
+    presets = text[text.index("Model presets (`moesim/presets.toml`)") : text.index("Any command taking `--model`")]
+    for name in builtin_names():
+        assert name in presets, name
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "fixed:25", *builtin_names("eagle"), *builtin_names("dense")])
+def test_every_drafter_the_readme_names_is_accepted(cli, trace_path: Path, drafter: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("best-draft", "--trace", trace_path, "--profile", "nvidia-h200", "--alpha", "0.8", "--drafter", drafter, "--json")
+    assert code == 0, err
+    assert json.loads(out)["points"][0]["speedup"] >= 1.0  # speculation off (k = 0) is among the choices
+
+
+def test_the_eagle_head_preset_is_the_eagle_drafter(cli, trace_path: Path) -> None:  # type: ignore[no-untyped-def]
+    base = ["best-draft", "--trace", trace_path, "--profile", "nvidia-h200", "--alpha", "0.5", "--alpha", "0.9", "--json"]
+    eagle, head, ngram = (cli(*base, "--drafter", name)[1] for name in ("eagle", "eagle-head", "ngram"))
+    assert eagle == head
+    assert eagle != ngram  # the head costs draft time that n-gram lookup does not
+
+
+def test_a_wrong_preset_or_kind_lists_the_accepted_ones(cli, trace_path: Path) -> None:  # type: ignore[no-untyped-def]
+    base = ["best-draft", "--trace", trace_path, "--profile", "nvidia-h200", "--alpha", "0.8"]
+    drafters = ("ngram", "eagle", "fixed:US", "eagle-head", "qwen2-0.5b", "qwen3-0.6b", "config.json")
+    assert_one_line_error(*cli(*base, "--drafter", "nope")[::2], "unknown drafter 'nope'", *drafters)
+    assert_one_line_error(*cli(*base, "--drafter", "olmoe-1b-7b")[::2], "'olmoe-1b-7b' is a MoE target, not a draft model", *drafters)
+    moe = ", ".join(builtin_names("moe"))
+    for model in ("qwen2-0.5b", "eagle-head"):
+        code, _, err = cli(*base, "--model", model)
+        assert_one_line_error(code, err, f"'{model}' is a draft model, not a MoE target (MoE presets: {moe};")
+        assert "draft_for" not in err
+    # `profile show` with a dense model ended in a traceback
+    assert_one_line_error(*cli("profile", "show", "nvidia-h200", "--model", "qwen3-0.6b")[::2], "not a MoE target", moe)

@@ -49,11 +49,12 @@ SUBFLOORS = {
     },
     "hw_profiles": {
         "measurements": set(),
-        TOP: set(),
+        "ladder": set(),  # the lookup ladder's pure parts, below the profile contract that evaluates it
+        TOP: {"ladder"},
         "engines": {TOP},
         "microbench": {TOP, "measurements"},
         "importers": {TOP, "measurements", "microbench"},
-        "fitting": {TOP, "measurements", "engines", "importers"},
+        "fitting": {TOP, "measurements", "engines", "importers", "ladder"},
     },
     "sim": {
         "cost": set(),

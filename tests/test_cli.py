@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DemoRun, assert_one_line_error
+from conftest import REPO, DemoRun, assert_one_line_error
 
 from moesim.models import load_preset
 from moesim.tracegen.formats.trace import read_trace
@@ -58,9 +58,10 @@ def test_uniform_synth_matches_formula(tmp_path: Path, cli) -> None:  # type: ig
 
 def test_synth_bad_input(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     code, _, err = cli("trace", "synth", "--model", "nope", "--out", tmp_path / "x.arrow")
-    assert_one_line_error(code, err, "unknown model preset 'nope'")
+    assert_one_line_error(code, err, "unknown MoE model preset 'nope'", "deepseek-v2-lite, ")
+    assert "qwen3-0.6b" not in err  # the list is of what --model accepts
     code, _, err = cli("trace", "synth", "--model", "qwen3-0.6b", "--out", tmp_path / "x.arrow")
-    assert_one_line_error(code, err, "has no experts")
+    assert_one_line_error(code, err, "'qwen3-0.6b' is a draft model, not a MoE target", "olmoe-1b-7b")
     code, _, err = cli("trace", "synth", "--model", "olmoe-1b-7b", "--sticky", "1.5", "--out", tmp_path / "x.arrow")
     assert_one_line_error(code, err, "keep_prob")
     code, _, err = cli("trace", "synth", "--model", "olmoe-1b-7b", "--out", tmp_path / "missing" / "x.arrow")
@@ -76,7 +77,10 @@ def test_demo_writes_report(demo_run: DemoRun) -> None:
     # the demo ends with a sweep and its HTML report, images embedded
     page = (out_dir / "report" / "index.html").read_text()
     assert page.count('src="data:image/png;base64,') == 5 and (out_dir / "sweep.parquet").is_file()
-    assert f"HTML report: {out_dir / 'report' / 'index.html'}" in out.replace("\n", "")
+    # the page names the file the user has, relative to the page, not the folder the demo staged it in
+    assert "<li><code>../sweep.parquet: sweep results," in page
+    assert ".part" not in page and str(out_dir.parent) not in page
+    assert f"report written to {out_dir}/ (HTML report: {out_dir / 'report' / 'index.html'})" in out.splitlines()  # whole, to copy
 
 
 @pytest.mark.parametrize(
@@ -90,6 +94,37 @@ def test_demo_writes_report(demo_run: DemoRun) -> None:
 )
 def test_usage_errors_are_one_line(cli, args: tuple[str, ...], fragment: str) -> None:  # type: ignore[no-untyped-def]
     assert_one_line_error(*cli(*args)[::2], fragment)
+
+
+CALIBRATION = REPO / "data" / "h200" / "calibration.parquet"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (("validate", CALIBRATION, "--profile", "nvidia-h200", "--engine", "nope"), ("--engine 'nope'", "per_slot", "dedup")),
+        (("validate", CALIBRATION, "--profile", "nvidia-h200", "--model", "nope"), ("unknown MoE model preset 'nope'", "qwen3-30b-a3b")),
+        (("profile", "fit", CALIBRATION, "--out", "x.toml", "--backend", "nope"), ("--backend 'nope'", "cuda, metal, cpu")),
+        (("microbench", "import-backend-ops", "log.txt", "--out", "x", "--backend", "nope"), ("--backend 'nope'", "cpu, cuda, metal")),
+        (("trace", "tiny-model", "--out", "x.gguf", "--format", "nope"), ("(--format) = 'NOPE'", "F32, F16")),
+        (("trace", "tiny-model", "--out", "x.gguf", "--arch", "nope"), ("'arch'", "qwen3moe, llama, qwen2moe, olmoe, deepseek2")),
+        (("microbench", "torch", "--out", "x", "--format", "nope"), ("unknown weight format 'nope'", "bf16, f16, f32")),
+        (
+            ("trace", "import", "t.arrow", "--model", "olmoe-1b-7b", "--out", "u.arrow", "--source", "nope"),
+            ("'nope'", "table, moe-trace, vllm"),
+        ),
+        (("trace", "synth", "--model", "olmoe-1b-7b", "--params", "nope", "--out", "x.arrow"), ("nope", "esft-vanilla-lite-mixture")),
+        (
+            ("batch", "--trace", "t.arrow", "--profile", "nvidia-h200", "--alpha", "0.8", "--draft-len", "2", "--routing", "nope"),
+            ("'nope'",),
+        ),
+    ],
+)
+def test_a_wrong_kind_gets_one_line_listing_the_accepted_ones(cli, tmp_path, monkeypatch, args, fragments) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    if "t.arrow" in args:
+        assert cli("trace", "synth", "--model", "olmoe-1b-7b", "--tokens", "16", "--out", "t.arrow")[0] == 0
+    assert_one_line_error(*cli(*args)[::2], *fragments)
 
 
 def test_usage_error_through_the_console_script() -> None:

@@ -168,7 +168,7 @@ def test_import_cli_errors(cli, tmp_path: Path) -> None:  # type: ignore[no-unty
     code, _, err = cli("trace", "import", odd, "--model", "olmoe-1b-7b", "--out", tmp_path / "t.arrow")
     assert_one_line_error(code, err, "routing.txt", "suffix")
     code, _, err = cli("trace", "import", odd, "--model", "qwen3-0.6b", "--out", tmp_path / "t.arrow")
-    assert_one_line_error(code, err, "has no experts")
+    assert_one_line_error(code, err, "not a MoE target")
     assert not (tmp_path / "t.arrow").exists()
 
 

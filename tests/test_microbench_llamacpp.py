@@ -5,6 +5,7 @@ contract-3 table with positive times. No timing thresholds."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -76,13 +77,15 @@ def test_layer_time_is_the_difference_of_differences() -> None:
 
 
 def test_cpu_run_writes_a_contract_table(tmp_path: Path) -> None:
-    result = run_llamacpp_shapes(CONFIG, [SMALL])
+    # min, as the module advises on a shared machine: load only adds time, so the minimum keeps
+    # the layer difference above the noise where the median of a tiny model's passes may not
+    result = run_llamacpp_shapes(dataclasses.replace(CONFIG, statistic="min"), [SMALL])
     assert not result.provenance["runs"][0]["failures"], result.provenance["runs"][0]["failures"]
     table = load_measurements(write_measurements(result.rows, tmp_path / "cpu", result.provenance))
     assert table.height == len(ROUTINGS) * 3
     assert set(table["kernel"]) == {"dedup_llamacpp_cpu"} and set(table["backend"]) == {"cpu"}
     for row in table.iter_rows(named=True):
-        assert row["time_us"] > 0 and row["time_us"] == row["time_us_median"] and row["time_us_moe_layer"] > 0
+        assert row["time_us"] > 0 and row["time_us"] == row["time_us_min"] and row["time_us_moe_layer"] > 0
         assert all(len(row[f"reps_us_{m}"]) == row["reps"] for m in ("moe_L", "moe_2L", "dense_L", "dense_2L"))
         # the minimum-based estimate recomputed from the stored repetitions
         mins = {m: min(row[f"reps_us_{m}"]) for m in ("moe_L", "moe_2L", "dense_L", "dense_2L")}

@@ -15,7 +15,7 @@ from moesim.hw_profiles.measurements.table import load_measurements
 from moesim.hw_profiles.microbench.routing import ROUTINGS, gate_weights, routing_ids, routing_seed
 from moesim.hw_profiles.microbench.table import MoeShape, write_measurements
 from moesim.hw_profiles.microbench.torch_cuda import (
-    ENGINES,
+    TORCH_ENGINES,
     LayerWeights,
     TorchBenchConfig,
     device_pass,
@@ -41,7 +41,7 @@ def _numpy_reference(gate_up: np.ndarray, down: np.ndarray, x: np.ndarray, ids: 
 
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("n_tokens", [1, 4, 9])  # 9·2 slots > 8 experts: `distinct` wraps around
-@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("engine", sorted(TORCH_ENGINES))
 def test_every_engine_computes_the_moe_layer(engine: str, routing: str, n_tokens: int) -> None:
     rng = np.random.default_rng(n_tokens)
     gate_up = rng.normal(0, 0.2, (TINY.experts, 2 * TINY.expert_intermediate, TINY.hidden))
@@ -52,19 +52,19 @@ def test_every_engine_computes_the_moe_layer(engine: str, routing: str, n_tokens
     expected = _numpy_reference(gate_up, down, x, ids, weights)
     layer = LayerWeights(torch.tensor(gate_up, dtype=torch.float32), torch.tensor(down, dtype=torch.float32))
     p = device_pass(torch, ids, weights, TINY.experts, torch.device("cpu"), torch.float32)
-    got = ENGINES.create(engine).forward(torch, layer, torch.tensor(x, dtype=torch.float32), p).numpy()
+    got = TORCH_ENGINES.create(engine).forward(torch, layer, torch.tensor(x, dtype=torch.float32), p).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
 def test_cpu_run_writes_a_contract_table(tmp_path: Path) -> None:
     sizes, config = (1, 3, 10), TorchBenchConfig(pass_sizes=(1, 3, 10), reps=3, loop_reps=2, warmup=1, layers=2, device="cpu", seed=7)
     result = run_torch_microbench(config, [TINY])
-    assert len(result.rows) == len(sizes) * len(ROUTINGS) * len(ENGINES)
+    assert len(result.rows) == len(sizes) * len(ROUTINGS) * len(TORCH_ENGINES)
     assert all(c["max_rel_error"] <= 3e-2 for c in result.provenance["checks"]) and not result.provenance["failures"]
     table = load_measurements(write_measurements(result.rows, tmp_path / "bench", result.provenance))
-    assert set(table["engine"]) == set(ENGINES)
+    assert set(table["engine"]) == set(TORCH_ENGINES)
     for row in table.iter_rows(named=True):
-        assert row["kernel"] == ENGINES.get(row["engine"]).family
+        assert row["kernel"] == TORCH_ENGINES.get(row["engine"]).family
         assert row["time_us"] > 0 and row["time_us_min"] <= row["time_us"] <= row["time_us_p90"] + 1e-9
         assert row["timing"] == "cpu_wall" and row["weight_copies"] == 2
         ids = routing_ids(
@@ -95,7 +95,7 @@ def test_cli_torch_on_cpu(cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
     code, stdout, err = cli("microbench", "torch", *args, "--out", out)
     assert code == 0, err
     table = load_measurements(out / "measurements.parquet")
-    assert table.height == 2 * len(ENGINES) and set(table["routing"]) == {"same"} and set(table["model"]) == {"tiny"}
+    assert table.height == 2 * len(TORCH_ENGINES) and set(table["routing"]) == {"same"} and set(table["model"]) == {"tiny"}
     assert "measurements.parquet" in stdout
 
 
@@ -111,7 +111,7 @@ class _MissingOp:
 
 
 def test_a_failing_engine_is_dropped_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(ENGINES, "missing_op", _MissingOp)
+    monkeypatch.setitem(TORCH_ENGINES, "missing_op", _MissingOp)
     config = TorchBenchConfig(
         pass_sizes=(1, 2), engines=("torch_grouped_mm", "missing_op"), reps=1, loop_reps=1, warmup=0, layers=1, device="cpu"
     )

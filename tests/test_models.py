@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moesim.errors import ConfigError, InputError
-from moesim.models import builtin_names, bytes_per_weight, draft_for, load_preset
+from moesim.models import builtin_names, bytes_per_weight, draft_for, load_preset, load_target
 
 # Published totals (billions) from the issue's table and the models' own cards.
 PUBLISHED = {
@@ -26,6 +26,8 @@ PUBLISHED = {
     "qwen2-0.5b": 0.494,
     "qwen3-0.6b": 0.596,
     "glm-4.5-air": 106.0,
+    "opt-30b": 30.0,
+    "opt-350m": 0.331,
 }
 # Presets without a published total found first-hand: the figure in the model's name.
 NAMED = {
@@ -123,8 +125,28 @@ def test_draft_presets() -> None:
     assert head.total_params() < 0.02 * target.total_params()
     with pytest.raises(InputError, match="not a dense model"):
         draft_for("olmoe-1b-7b", target)
-    with pytest.raises(InputError, match="draft head"):
+    with pytest.raises(InputError, match="draft head") as error:
         load_preset("eagle-head")
+    assert "draft_for" not in str(error.value)  # the user's words, not a function's name
+
+
+def test_a_target_is_a_moe_preset_and_a_wrong_one_lists_them(tmp_path: Path) -> None:
+    assert [load_target(name).name for name in builtin_names("moe")] == builtin_names("moe")
+    moe = ", ".join(builtin_names("moe"))
+    for name in ("qwen2-0.5b", "eagle-head"):
+        with pytest.raises(InputError, match=f"'{name}' is a draft model, not a MoE target") as error:
+            load_target(name)
+        assert moe in str(error.value)
+    with pytest.raises(InputError) as error:
+        load_target("nope")
+    assert str(error.value).startswith(f"unknown MoE model preset 'nope' (built-in: {moe}; or a preset .toml")
+    dense = tmp_path / "small.toml"
+    dense.write_text(
+        'kind = "dense"\nlayers = 2\nhidden = 64\nvocab = 300\ndense_intermediate = 128\n'
+        '[attention]\nkind = "mha"\nheads = 4\nkv_heads = 4\nhead_dim = 16\n'
+    )
+    with pytest.raises(InputError, match=r"small\.toml: model 'small' has no routed experts"):
+        load_target(dense)
 
 
 def test_preset_from_hf_config_equals_builtin(tmp_path: Path) -> None:
@@ -154,6 +176,23 @@ def test_preset_from_deepseek_hf_config(tmp_path: Path) -> None:
     path = tmp_path / "v2lite.json"
     path.write_text(json.dumps(config))
     assert load_preset(path).total_params() == load_preset("deepseek-v2-lite").total_params()
+
+
+def test_preset_from_opt_hf_config(tmp_path: Path) -> None:
+    # Field names as in facebook/opt-350m's config.json (a 512-wide embedding projected to 1024)
+    config = {
+        "model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "vocab_size": 50272, "word_embed_proj_dim": 512,
+        "max_position_embeddings": 2048, "enable_bias": True, "activation_function": "relu",
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    from_hf = load_preset(path)
+    assert from_hf.total_params() == load_preset("opt-350m").total_params()
+    # by hand: tied 50272 x 512 table, two 1024 x 512 projections, 24 layers of MHA with biases,
+    # two LayerNorm-sized vectors and a ReLU FFN of two 1024 x 4096 matrices
+    layer = 4 * 1024 * 1024 + 4 * 1024 + 2 * 1024 + 2 * 1024 * 4096
+    assert from_hf.total_params() == 50272 * 512 + 2 * 1024 * 512 + 24 * layer + 1024
 
 
 def test_user_toml_preset_and_errors(tmp_path: Path) -> None:

@@ -150,6 +150,24 @@ def test_filter_and_alpha_select_what_is_drawn(cli, inputs: tuple[Path, Path], t
     assert "k*_α=0.5" in (tmp_path / "s" / "index.html").read_text() and "5 figures" in out
 
 
+def test_the_page_names_its_inputs_relative_to_itself(cli, inputs: tuple[Path, Path], tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "sweep.parquet").write_bytes(inputs[0].read_bytes())
+    monkeypatch.chdir(tmp_path)
+    for given, out, named in [
+        ("results/sweep.parquet", "out/deep/report", "../../../results/sweep.parquet"),
+        (str(tmp_path / "results" / "sweep.parquet"), "out/deep/report", "../../../results/sweep.parquet"),
+        ("results/sweep.parquet", "results/report", "../sweep.parquet"),
+    ]:
+        (tmp_path / out).parent.mkdir(parents=True, exist_ok=True)
+        code, _, err = cli("report", given, "--out", out)
+        assert code == 0, err
+        page = (tmp_path / out / "index.html").read_text()
+        assert f"<li><code>{named}: sweep results, " in page
+        assert str(tmp_path) not in page  # no machine path
+        assert (tmp_path / out / named).resolve() == (tmp_path / "results" / "sweep.parquet").resolve()
+
+
 def test_report_errors_are_one_line(cli, inputs: tuple[Path, Path], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "notes.txt").write_text("not parquet")
     (tmp_path / "cut.parquet").write_bytes(inputs[0].read_bytes()[:5000])

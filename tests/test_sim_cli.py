@@ -99,12 +99,94 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("change", "key", "fragment"), BAD, ids=[b[1] for b in BAD])
-def test_invalid_config_exits_2_naming_the_key(cli, tmp_path: Path, change: tuple[str, str], key: str, fragment: str) -> None:  # type: ignore[no-untyped-def]
-    config = write_config(tmp_path, BASE.replace(*change))
+SERVING = """
+[run]
+seed = 4
+requests = 12
+
+[workload]
+prompt_tokens = 90
+output_tokens = 70
+
+[arrivals]
+concurrency = 6
+
+[batching]
+max_batch = 6
+chunked_prefill = true
+token_budget = 64
+
+[memory]
+block_tokens = 8
+pages = 60
+
+[parallel]
+tensor_parallel = 2
+
+[trace]
+synth = "sticky"
+synth_params = { keep_prob = 0.4 }
+tokens = 256
+seqs = 4
+
+[target]
+model = "olmoe-1b-7b"
+profile = "nvidia-h100-sxm-vllm"
+engine = "best"
+
+[drafter]
+kind = "preset"
+model = "qwen3-0.6b"
+
+[cost]
+kind = "steptime"
+
+[acceptance]
+model = "geometric"
+alpha = 0.7
+
+[policy]
+name = "static"
+k = 3
+"""
+
+
+SERVING_BAD = [
+    (("tensor_parallel = 2", "tensor_parallel = 1\nexpert_parallel = true"), "parallel.expert_parallel", "tensor_parallel > 1"),
+    (("tensor_parallel = 2", "tensor_parallel = 3\nexpert_parallel = true"), "parallel.expert_parallel", "do not split over 3"),
+    (("tensor_parallel = 2", 'tensor_parallel = 2\nlink = "warp-drive"'), "parallel.link", "unknown link 'warp-drive'"),
+    (("token_budget = 64", "token_budget = 4"), "batching.token_budget", "must be >= max_batch"),
+    (("pages = 60", "pages = -1"), "memory.pages", "got -1"),
+    (("pages = 60", 'pages = 60\npreemption = "swap"\nutilization = 1.5'), "memory.utilization", "got 1.5"),
+    (('engine = "best"', 'engine = "best"\ndevice = "tpu-v9"'), "target.device", "unknown device 'tpu-v9'"),
+]
+
+
+CASES = [(BASE, *case) for case in BAD] + [(SERVING, *case) for case in SERVING_BAD]
+
+
+@pytest.mark.parametrize(("base", "change", "key", "fragment"), CASES, ids=[case[2] for case in CASES])
+def test_invalid_config_exits_2_naming_the_key(cli, tmp_path: Path, base: str, change: tuple[str, str], key: str, fragment: str) -> None:  # type: ignore[no-untyped-def]
+    assert change[0] in base
+    config = write_config(tmp_path, base.replace(*change))
     out = tmp_path / "never"
     code, _, err = cli("simulate", config, "--out", out)
     assert_one_line_error(code, err, f"'{key}'", fragment, str(config))
+    assert not out.exists()
+
+
+def test_weights_that_do_not_fit_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Qwen2-57B-A14B's BF16 weights on one A800 with KV pages from the device's memory: one line
+    on stderr naming the model, the format and the device, exit 2, no output."""
+    text = (
+        SERVING.replace("pages = 60\n", "")
+        .replace("tensor_parallel = 2", "tensor_parallel = 1")
+        .replace('model = "olmoe-1b-7b"\nprofile = "nvidia-h100-sxm-vllm"', 'model = "qwen2-57b-a14b"\nprofile = "nvidia-a800-80gb-vllm"')
+    )
+    assert "qwen2-57b-a14b" in text and "pages = 60" not in text
+    out = tmp_path / "never"
+    code, _, err = cli("simulate", write_config(tmp_path, text), "--out", out)
+    assert_one_line_error(code, err, "'memory'", "qwen2-57b-a14b", "BF16", "NVIDIA A800 80GB SXM", "leave no room")
     assert not out.exists()
 
 
@@ -153,7 +235,7 @@ def test_examples_are_named_and_load() -> None:
     from moesim.sim.serving.config import load_config
 
     names = [p.name for p in _examples()]
-    assert len(names) >= 5 and all("sim" in n or "cascade" in n for n in names)
+    assert len(names) >= 5 and all("sim" in n or "reproduction" in n or "cascade" in n for n in names)
     for path in _examples():
         load_config(path)
 
@@ -186,3 +268,68 @@ def test_demo_ends_with_static_vs_cascade(demo_run: DemoRun) -> None:
     cascade_worst = low.filter(pl.col("policy") == "cascade")["worst_slowdown"].item()
     assert cascade_worst < low.filter(pl.col("policy") != "cascade")["worst_slowdown"].min()
     assert speculation.filter(pl.col("workload") == "high")["speedup"].min() > 1.0
+
+
+@pytest.mark.parametrize("extra", ["", "expert_parallel = true"], ids=["tp", "ep"])
+def test_serving_run_same_bytes(cli, tmp_path: Path, extra: str) -> None:  # type: ignore[no-untyped-def]
+    """KV pages (tight: preemptions), chunked prefill and two devices through `moesim simulate`:
+    the new columns and summary figures, and the same bytes from the same seed."""
+    config = write_config(tmp_path, SERVING.replace("tensor_parallel = 2", f"tensor_parallel = 2\n{extra}"))
+    for out in ("a", "b"):
+        code, stdout, err = cli("simulate", config, "--out", tmp_path / out, "--json")
+        assert code == 0, err
+    for name in ("requests.arrow", "iterations.arrow", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    summary = json.loads(stdout)
+    assert summary["parallel"].startswith("EP 2" if extra else "TP 2") and summary["token_budget"] == 64
+    assert summary["memory"]["pages"] == 60 and summary["preemptions"] == summary["memory"]["preemptions"] > 0
+    assert summary["requests_completed"] == 12
+    iterations = pl.read_ipc(tmp_path / "a" / "iterations.arrow")
+    assert set(iterations.columns) >= {"prefill_tokens", "preempted", "kv_pages_used", "kv_pages_free", "swap_us"}
+    assert (iterations["kv_pages_used"] + iterations["kv_pages_free"] == 60).all()
+    assert iterations["prefill_tokens"].sum() >= 12 * 90
+    assert pl.read_ipc(tmp_path / "a" / "requests.arrow")["preemptions"].sum() == summary["preemptions"]
+
+
+STUDY = (
+    SERVING.replace("[parallel]\ntensor_parallel = 2\n", "").replace("pages = 60", "")
+    + """
+[study]
+models = ["olmoe-1b-7b", "opt-350m"]
+batches = [1, 3]
+
+[study.drafters.opt-350m]
+kind = "ngram"
+
+[[study.devices]]
+name = "one H100"
+profile = "nvidia-h100-sxm-vllm"
+
+[[study.devices]]
+name = "2xL40"
+profile = "nvidia-l40-vllm"
+tensor_parallel = 2
+
+[study.workloads.high]
+model = "geometric"
+alpha = 0.9
+
+[[study.policies]]
+name = "static"
+k = 2
+"""
+)
+
+
+def test_serving_study_same_bytes(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A study over a MoE and a dense target (no trace), two devices and two batch sizes: every
+    cell once, with its device, batch and target efficiency; the same bytes twice."""
+    config = write_config(tmp_path, STUDY)
+    for out in ("a", "b"):
+        code, _, err = cli("simulate", config, "--out", tmp_path / out)
+        assert code == 0, err
+    for name in ("study.arrow", "study.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    table = pl.read_csv(tmp_path / "a" / "study.csv")
+    assert table.height == 2 * 2 * 2 and set(table["device"]) == {"one H100", "2xL40"} and set(table["batch"]) == {1, 3}
+    assert (table["target_efficiency"] > 0).all() and (table["target_efficiency"] <= 1.0 + 1e-9).all()

@@ -89,7 +89,7 @@ def test_a_separate_draft_model_on_another_device_and_moe_drafts() -> None:
     assert here.step_us(1, 1, 512.0, h200) != there.step_us(1, 1, 512.0, h200)
     rtx = load_profile("nvidia-rtx-4090-llamacpp").dense.time_us
     assert there.step_us(1, 1, 512.0, h200) == here.step_us(1, 1, 512.0, rtx)
-    moe = make_drafter("olmoe-1b-7b", QWEN3)
+    moe = make_drafter("preset:olmoe-1b-7b", QWEN3)
     assert moe.step_us(4, 4, 0.0, bytes_of) > moe.step_us(1, 1, 0.0, bytes_of)
 
 
@@ -100,7 +100,8 @@ def test_a_separate_draft_model_on_another_device_and_moe_drafts() -> None:
         ("eagle3,device=nvidia-h200", "device= applies to a separate draft model"),
         ("eagle3,depth=3", "unknown option 'depth'"),
         ("eagle3,topk", "options are KEY=VALUE"),
-        ("no-such-drafter", "drafters:"),
+        ("no-such-drafter", "unknown drafter"),
+        ("olmoe-1b-7b", "preset:olmoe-1b-7b"),
         ("eagle3:x", "draft vocabulary"),
     ],
 )

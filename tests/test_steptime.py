@@ -72,5 +72,32 @@ def test_best_engine_takes_the_cheapest_family() -> None:
 def test_bad_engine_and_dense_model() -> None:
     with pytest.raises(InputError, match="no family 'nope'"):
         StepTimeModel(PRESET, PROFILE, "nope")
+    dense = StepTimeModel(load_preset("qwen3-0.6b"), PROFILE)
     with pytest.raises(InputError, match="has no experts"):
-        StepTimeModel(load_preset("qwen3-0.6b"), PROFILE)
+        dense.pass_cost(RoutingFeatures(np.ones(1), np.ones(1), np.ones(1), np.ones(1)))
+
+
+def test_dense_target_pass_by_hand() -> None:
+    """A dense target's pass: launches + (weights + KV) / bandwidth + 2·params·n / FLOP rate + fixed."""
+    preset = load_preset("opt-30b")
+    model = StepTimeModel(preset, PROFILE)
+    d = PROFILE.dense
+    weights = preset.non_expert_params_per_token() * 2.0
+    kv = preset.layers * 2 * 56 * 128 * 2.0 * 900.0
+    flops = 2.0 * preset.non_expert_params_per_token() * 5
+    expected = d.launch_us * 8 * 48 + (weights + kv) / (d.bandwidth_gbps * 1e3) + flops / (d.tflops * 1e6)
+    assert model.dense_pass_us(5, 900.0) == pytest.approx(expected + PROFILE.pass_fixed_us, rel=1e-12)
+
+
+def test_pass_tables_and_the_compiled_path_agree_exactly() -> None:
+    """A pass size is costed by the compiled family evaluation until it has been seen often enough
+    to get (U, M) tables; both give the same bits (engine best: the cheapest of four families)."""
+    from moesim.sim.cost.steptime import TABLE_AFTER_PASSES
+
+    model = StepTimeModel(PRESET, PROFILE, "best")  # 26 MoE layers, 64 experts, top-6
+    rng = np.random.default_rng(1)
+    for n in (1, 4, 9, 33):
+        passes = [(rng.integers(1, min(64, 6 * n) + 1, 26), rng.integers(1, n + 1, 26)) for _ in range(TABLE_AFTER_PASSES + 3)]
+        times = [model.counts_pass_us(n, u, m, 500.0) for u, m in passes]
+        assert (model.families[0], n) in model._time_tables
+        assert times == [model.counts_pass_us(n, u, m, 500.0) for u, m in passes]

@@ -15,7 +15,10 @@ from conftest import DATA, assert_one_line_error
 from scipy import stats
 
 from moesim.hw_profiles import load_profile
+from moesim.hw_profiles.fitting.family_fit import family_inputs
+from moesim.hw_profiles.ladder.rungs import RUNGS
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.reference import reuse_features_reference
 from moesim.models import ExpertShape, load_preset
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.validate.result import ValidateOptions, validate
@@ -40,16 +43,30 @@ def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_h200_in_sample_errors_equal_the_fit_s_own(h200: dict) -> None:  # type: ignore[type-arg]
-    # the fit stored its in-sample errors; validate recomputes them from the table and the profile
-    summary = h200["json"]
+def test_h200_calibration_rows_are_the_exact_rung_and_the_fitted_rung_is_the_fit_s_in_sample(h200: dict) -> None:  # type: ignore[type-arg]
+    # every calibration row lies on a knot of its own family: validate returns the measured time
+    # (the mean over rows with equal shape, n and features), rung exact; the fitted rung alone
+    # gives back the fit's stored in-sample errors
+    summary, frame = h200["json"], h200["result"].predictions
     assert summary["rows"] == 952 and summary["extrapolated_rows"] == 0
-    for family, errors in summary["per_family"].items():
+    assert frame["rung"].unique().to_list() == ["exact"] and (frame["rung_exact_share"] == 1.0).all()
+    keys = ["kernel", "model", "n_tokens", "distinct_experts", "max_tokens_per_expert"]
+    merged = frame.with_columns(pl.col("time_us").mean().over(keys).alias("knot_us"))
+    for kernel in ("per_slot", "dedup_grouped_gemm", "dedup_loop"):  # interpolated in U alone: knots merge rows of equal U
+        part = merged.filter(pl.col("kernel") == kernel)
+        per_u = part.with_columns(pl.col("time_us").mean().over(["model", "n_tokens", "distinct_experts"]).alias("knot_us"))
+        np.testing.assert_allclose(per_u["predicted_us"], per_u["knot_us"], rtol=1e-9)
+    dedup = merged.filter(pl.col("kernel") == "dedup")
+    np.testing.assert_allclose(dedup["predicted_us"], dedup["knot_us"], rtol=1e-9)
+    calibration = pl.read_parquet(H200)
+    for family in summary["per_family"]:
+        rows = calibration.filter(pl.col("kernel") == family)
+        fit = family_inputs(rows, str(H200), family)
         in_sample = PROFILE.expert_family(family).heldout_error.in_sample
-        assert errors["rows"] == in_sample.rows
-        assert errors["median_abs_pct_error"] == pytest.approx(100 * in_sample.median, rel=1e-6)
-        assert errors["p90_abs_pct_error"] == pytest.approx(100 * in_sample.p90, rel=1e-6)
-    frame = h200["result"].predictions
+        errors = np.abs(PROFILE.expert_family(family).inputs_time_us(fit) / rows["time_us"].to_numpy() - 1.0)
+        assert errors.size == in_sample.rows
+        assert 100 * np.median(errors) == pytest.approx(100 * in_sample.median, rel=1e-6)
+        assert 100 * np.quantile(errors, 0.9) == pytest.approx(100 * in_sample.p90, rel=1e-6)
     assert summary["pearson_r"] == pytest.approx(stats.pearsonr(frame["time_us"], frame["predicted_us"]).statistic, rel=1e-9)
     signed = frame["predicted_us"] / frame["time_us"] - 1
     assert summary["median_abs_pct_error"] == pytest.approx(100 * float(signed.abs().median()), rel=1e-9)  # type: ignore[arg-type]
@@ -62,9 +79,10 @@ def test_h200_feature_rows_predict_the_family_time(h200: dict) -> None:  # type:
         family = PROFILE.expert_family(row["kernel"])
         features = RoutingFeatures(row["n_tokens"], row["slots"], row["distinct_experts"], row["max_tokens_per_expert"])
         shape = ExpertShape(row["hidden"], row["expert_intermediate"], "BF16")
-        expected = float(family.time_us(features, shape)) * row["layers"]
-        assert row["predicted_us"] == pytest.approx(expected, rel=1e-12)
-        epsilon = family.heldout_error.epsilon
+        look = family.lookup(features, shape)
+        expected = float(look.time_us) * row["layers"]
+        assert row["predicted_us"] == pytest.approx(expected, rel=1e-12) and row["rung"] == RUNGS[int(look.rung)]
+        epsilon = float(look.epsilon)  # the rung's own bound (exact: the repeatability of the measured point)
         assert row["predicted_low_us"] == pytest.approx(expected * (1 - epsilon)) and row["predicted_high_us"] == pytest.approx(
             expected * (1 + epsilon)
         )
@@ -147,11 +165,15 @@ def test_window_rows_count_features_from_the_trace(trace_path: Path, tmp_path: P
     starts = trace.seq_starts
     for row, predicted in zip(rows, result.predictions["predicted_us"], strict=True):
         first = starts[row.get("seq", 0)] + row["window_start"]
-        u, m = _brute_features(trace.experts[first : first + row["n_tokens"]])
+        n = row["n_tokens"]
+        u, m = _brute_features(trace.experts[first : first + n])
+        hist, reads = reuse_features_reference(trace.experts, np.array([0, 1]), np.array([first]), np.array([n]), 64, (8, 16, 32))
         layers = row.get("layers", 26)
         family = PROFILE.expert_family(row["kernel"])
-        n = row["n_tokens"]
-        expected = sum(float(family.time_us(RoutingFeatures(n, n * 6, u[i], m[i]), shape)) for i in range(layers))
+        expected = sum(
+            float(family.time_us(RoutingFeatures(n, n * 6, u[i], m[i], hist[0, i], {t: r[0, i] for t, r in reads.items()}), shape))
+            for i in range(layers)
+        )
         assert predicted == pytest.approx(expected, rel=1e-12)
     assert not result.predictions["extrapolated"].any()
 
@@ -218,7 +240,8 @@ def test_out_writes_predictions_atomically(cli, tmp_path: Path) -> None:  # type
     assert "Time error per family" in out_text and "crossover" in out_text
     written = pl.read_parquet(out / "predictions.parquet")
     source = pl.read_parquet(H200).filter(pl.col("model") == "mixtral-8x7b")
-    assert written.columns == [*source.columns, "predicted_us", "predicted_low_us", "predicted_high_us", "extrapolated"]
+    rungs = ["rung", "rung_exact_share", "rung_interpolated_share", "rung_fitted_share", "rung_extrapolated_share"]
+    assert written.columns == [*source.columns, "predicted_us", "predicted_low_us", "predicted_high_us", *rungs, "extrapolated"]
     assert written.select(source.columns).equals(source)
     assert sorted(p.name for p in out.iterdir()) == ["predictions.parquet"]
     blocker = tmp_path / "file"

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 
 from moesim.cli.render import console, emit_json, print_json, render_table
+from moesim.models import builtin_names
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Routing trace (Arrow IPC) whose windows the passes replay.")]
 ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in hardware profile name or a profile TOML path.")]
@@ -19,15 +21,13 @@ EngineOpt = Annotated[
         "(the cheapest). Default: dispatch on an engine profile, per_slot otherwise.",
     ),
 ]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Target preset (default: the trace's model).")]
-DrafterOpt = Annotated[
-    str,
-    typer.Option(
-        "--drafter",
-        help="ngram[:US], suffix[:US], eagle, eagle3[:VOCAB], mtp, medusa, dflash[:LAYERS], fixed:US, or a dense or MoE preset; "
-        "options ,topk=K,tokens=N or ,paths=[[0],[0,0],...] (a draft tree) and ,device=PROFILE (a separate draft model).",
-    ),
-]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Target MoE preset, or its .toml / config.json (default: the trace's).")]
+DRAFTER_HELP = (
+    "ngram[:US], suffix[:US], eagle-head (or eagle), eagle3[:VOCAB], mtp, medusa, dflash[:LAYERS], fixed:US (µs per draft step), "
+    f"a dense preset ({', '.join(builtin_names('dense'))}) or a dense preset .toml / config.json, preset:NAME (a MoE draft model); "
+    "options ,topk=K,tokens=N or ,paths=[[0],[0,0],...] (a draft tree) and ,device=PROFILE (a separate draft model)."
+)
+DrafterOpt = Annotated[str, typer.Option("--drafter", help=DRAFTER_HELP)]
 FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format (default: the trace's).")]
 ContextOpt = Annotated[int, typer.Option("--context-tokens", help="KV tokens per sequence at the pass.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -103,8 +103,9 @@ def predict_command(
     render_table(
         result.table(),
         title=f"Pass time T(n), engine {result.engine}, profile {profile}",
-        caption=f"interval = each family's held-out ε (expert ±{100 * result.cost.expert_epsilon:.1f} %, "
-        f"dense ±{100 * result.cost.dense_epsilon:.1f} %); time rests on: {_provenance_line(result.cost.provenance_share())}",
+        caption=f"interval = each rung's held-out ε (expert up to ±{100 * float(np.max(result.cost.expert_epsilon)):.1f} %, "
+        f"dense ±{100 * result.cost.dense_epsilon:.1f} %; {result.cost.bound_basis}); time rests on: "
+        f"{_provenance_line(result.cost.provenance_share())}; expert time by rung: {_provenance_line(result.cost.rung_share())}",
     )
 
 

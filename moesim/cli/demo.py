@@ -19,4 +19,4 @@ def demo(
     result = run_demo(out)
     for section in result.sections:
         render_table(section.table, section.title, section.caption)
-    console.print(f"report written to {result.out_dir}/ (HTML report: {result.html_report})")
+    console.print(f"report written to {result.out_dir}/ (HTML report: {result.html_report})", soft_wrap=True)  # paths whole, to copy

@@ -39,6 +39,9 @@ def profile_fit(
     weight_format: FormatOpt = None,
     table_format: TableFormatOpt = None,
     engine: Annotated[str | None, typer.Option(help="Engine of a benchmark's output (default: from its backend).")] = None,
+    passes: Annotated[
+        Path | None, typer.Option("--passes", help="Whole-pass table with its traces: pass-level terms and whole-pass bounds.")
+    ] = None,
 ) -> None:
     """Fit a profile: every kernel family of a measurement table, or the engine a benchmark's output ran; held-out errors; write it."""
     from moesim.atomic import check_writable
@@ -66,10 +69,13 @@ def profile_fit(
     from moesim.hw_profiles.fitting.calibrate import fit_profile, parse_tokens_per_read
 
     fixed = parse_tokens_per_read(tokens_per_read or [])
-    report = fit_profile(table, name or out.stem, filters or [], device_json, backend, fixed)
+    report = fit_profile(table, name or out.stem, filters or [], device_json, backend, fixed, passes)
     caption = "absolute relative time error in %; shape_out / routing_out = held out; epsilon = default bound (p90 coverage)"
     render_table(report.summary(), title=f"{report.profile.name}: fitted families ({report.rows} rows)", caption=caption)
     render_table(report.groups(), title="Held-out error per left-out group")
+    if report.transfers:
+        caption = "whole passes, leave one model out: the sum of the layers vs the best T = a·Σt + b·L; applied only if clearly better"
+        render_table(report.transfer_summary(), title="Pass-level terms (whole passes)", caption=caption)
     for fit in report.fits:
         console.print(f"{fit.family.name}: {fit.family.note}", markup=False)
     for note in report.notes:
@@ -126,12 +132,11 @@ def profile_show(
 ) -> None:
     """Show a profile: device, roofline, families with fit errors, sources, and r(n) for uniform routing."""
     from moesim.hw_profiles import load_profile
-    from moesim.hw_profiles.compare import dedup_comparison
-    from moesim.hw_profiles.report import describe_profile
-    from moesim.models import load_preset
+    from moesim.hw_profiles.report import dedup_comparison, describe_profile
+    from moesim.models import load_target
 
     loaded = load_profile(profile)
-    preset = load_preset(model)
+    preset = load_target(model)
     shape = preset.expert_shape(weight_format)
     comparison = dedup_comparison(loaded, shape, preset.experts, preset.top_k)
     description = describe_profile(loaded)
@@ -144,6 +149,8 @@ def profile_show(
     render_table(pl.DataFrame(description["family_rows"]), title="Families", caption=caption)
     if description["dispatch"]:
         render_table(pl.DataFrame(description["dispatch"]), title="Dispatch (first rule that holds)", caption="n = tokens per pass")
+    caption = "bound of each rung = its held-out p90 error, one layer / whole passes (% ; - = not measured); shape fits: rows weighted"
+    render_table(pl.DataFrame(description["ladder_rows"]), title="Lookup ladder", caption=caption)
     if "speculative" in description:
         spec = loaded.speculative
         render_table(

@@ -7,11 +7,14 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 err_console = Console(stderr=True)
@@ -33,13 +36,116 @@ def format_cell(value: Any) -> str:
 
 
 def render_table(frame: pl.DataFrame, title: str | None = None, caption: str | None = None) -> None:
-    """A polars frame as a rich table on stdout."""
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    for name in frame.columns:
-        table.add_column(name, justify="right" if frame[name].dtype.is_numeric() else "left")
-    for row in frame.iter_rows():
-        table.add_row(*(format_cell(v) for v in row))
-    console.print(table)
+    """A polars frame as a rich table on stdout, every name and value whole at the terminal's width.
+
+    A table wider than the terminal breaks its longest column names after '_' (up to three lines);
+    if it is still too wide, its columns go into several tables one under the other, each
+    repeating the key columns (the fewest leading columns that tell the rows apart).
+    """
+    columns = [TableColumn(name, [format_cell(v) for v in frame[name].to_list()], frame[name].dtype.is_numeric()) for name in frame.columns]
+    width = console.width
+    whole = header_lines(columns, width)
+    if whole is not None:
+        console.print(_table(columns, whole, title=title, caption=caption))
+        return
+    groups = column_groups(columns, key_columns(frame), width)
+    if not groups:  # not even the keys and one more column fit: rich shortens what it must
+        console.print(_table(columns, [MAX_HEADER_LINES] * len(columns), title=title, caption=caption))
+        return
+    if title:
+        console.print(Text(title, style="table.title"))
+    for group in groups:
+        console.print(_table(group, header_lines(group, width) or []))
+    if caption:
+        console.print(Text(caption, style="table.caption"))
+
+
+MAX_HEADER_LINES = 3
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """One column as shown: its name, its cells as text, right-aligned when numeric."""
+
+    name: str
+    cells: list[str]
+    numeric: bool
+
+    def width(self, lines: int) -> int:
+        """Its width with the name on at most `lines` lines."""
+        header = max(cell_len(part) for part in wrap_name(self.name, lines).split("\n"))
+        return max([header, *(cell_len(c) for c in self.cells)])
+
+
+def wrap_name(name: str, lines: int) -> str:
+    """A column name broken after '_' onto at most `lines` lines, as narrow as that allows."""
+    pieces = [p + "_" for p in name.split("_")[:-1]] + [name.split("_")[-1]]
+    for limit in range(max(cell_len(p) for p in pieces), cell_len(name) + 1):
+        wrapped = [""]
+        for piece in pieces:
+            if wrapped[-1] and cell_len(wrapped[-1] + piece) > limit:
+                wrapped.append("")
+            wrapped[-1] += piece
+        if len(wrapped) <= lines:
+            return "\n".join(wrapped)
+    return name
+
+
+def table_width(widths: list[int]) -> int:
+    """Width of a rich table (default box and padding) whose columns are `widths` wide."""
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def header_lines(columns: list[TableColumn], width: int) -> list[int] | None:
+    """Lines per column name that make the table fit `width`: names are broken one line more at a
+    time where that narrows the table most; None if it cannot fit."""
+    lines = [1] * len(columns)
+    widths = [c.width(1) for c in columns]
+    while table_width(widths) > width:
+        savings = [w - c.width(n + 1) if n < MAX_HEADER_LINES else 0 for c, n, w in zip(columns, lines, widths, strict=True)]
+        best = max(range(len(columns)), key=savings.__getitem__)
+        if savings[best] <= 0:
+            return None
+        lines[best] += 1
+        widths[best] = columns[best].width(lines[best])
+    return lines
+
+
+def key_columns(frame: pl.DataFrame) -> int:
+    """How many leading columns a split table repeats: the fewest that tell the rows apart (1 if none do)."""
+    for count in range(1, frame.width):
+        if frame.select(frame.columns[:count]).is_unique().all():
+            return count
+    return 1
+
+
+def column_groups(columns: list[TableColumn], keys: int, width: int) -> list[list[TableColumn]]:
+    """The columns after the first `keys` in as few consecutive groups as fit `width` with the keys
+    in front, as even in width as that allows ([] if a single column does not fit)."""
+
+    def fill(limit: int) -> list[list[TableColumn]]:
+        groups: list[list[TableColumn]] = []
+        for column in columns[keys:]:
+            if groups and header_lines([*groups[-1], column], limit) is not None:
+                groups[-1].append(column)
+            elif header_lines([*columns[:keys], column], limit) is not None:
+                groups.append([*columns[:keys], column])
+            else:
+                return []
+        return groups
+
+    fewest = fill(width)
+    narrower = (fill(limit) for limit in range(table_width([c.width(MAX_HEADER_LINES) for c in columns[:keys]]), width))
+    return next((groups for groups in narrower if groups and len(groups) == len(fewest)), fewest)
+
+
+def _table(columns: list[TableColumn], lines: list[int], **text: str | None) -> Table:
+    table = Table(title_justify="left", caption_justify="left", **text)  # type: ignore[arg-type]
+    for column, n in zip(columns, lines, strict=True):
+        table.add_column(Text(wrap_name(column.name, n)), justify="right" if column.numeric else "left")
+    for row in zip(*(c.cells for c in columns), strict=True):
+        table.add_row(*(Text(cell) for cell in row))
+    return table
 
 
 def print_json(payload: Any) -> None:

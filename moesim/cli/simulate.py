@@ -28,7 +28,10 @@ def simulate(
             print_json({"rows": outcome.study.to_dicts(), "out": str(outcome.out_dir)})
             return
         caption = "speedup and worst slowdown are against the same workload with speculation off"
-        shown = ["model", "workload", "policy", "throughput_tok_s", "speedup", "worst_slowdown", "mean_draft_len"]
+        columns = outcome.study.columns
+        axes = [c for c in ("model", "device", "batch", "workload", "policy") if c in columns]
+        figures = [c for c in ("throughput_tok_s", "speedup", "target_efficiency", "worst_slowdown", "mean_draft_len") if c in columns]
+        shown = axes + figures
         render_table(outcome.study.select(shown), title=f"Study {config.name}", caption=caption)
     else:
         result = outcome.result

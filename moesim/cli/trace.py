@@ -54,14 +54,14 @@ def trace_synth(
 ) -> None:
     """Write a synthetic routing trace for a model preset."""
     from moesim.errors import InputError
-    from moesim.models import load_preset
+    from moesim.models import load_target
     from moesim.tracegen.formats.schema import TraceGeometry
     from moesim.tracegen.formats.trace import read_trace, write_trace
     from moesim.tracegen.routing.synth import generator_from_options, synthesize, synthesize_layout
 
     if like is not None and (tokens, seqs) != (SYNTH_TOKENS, SYNTH_SEQS):
         raise InputError("--like excludes --tokens and --seqs (it takes the trace's sequence lengths)")
-    preset = load_preset(model)
+    preset = load_target(model)
     generator = generator_from_options(preset, uniform, sticky, zipf, params, weight_format)
     if like is None:
         trace = synthesize(preset, generator, tokens, seqs, seed, weight_format)
@@ -176,7 +176,7 @@ def trace_import(
     model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
     out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
-    source: Annotated[str, typer.Option(help="auto, table, hf-logits or vllm.")] = "auto",
+    source: Annotated[str, typer.Option(help="auto, table, moe-trace, hf-logits or vllm.")] = "auto",
     normalize: Annotated[bool, typer.Option(help="hf-logits: renormalise the top-k probabilities (norm_topk_prob).")] = False,
     provenance: Annotated[
         Path | None, typer.Option(help="JSON object saying where the routing came from (kept in the trace's metadata).")
@@ -185,13 +185,13 @@ def trace_import(
 ) -> None:
     """Import routing recorded elsewhere into a moesim trace."""
     from moesim.atomic import check_writable
-    from moesim.models import load_preset
+    from moesim.models import load_target
     from moesim.tracegen.formats.schema import TraceGeometry
     from moesim.tracegen.formats.trace import write_trace
     from moesim.tracegen.importers import import_routing
     from moesim.tracegen.importers.common import read_provenance
 
-    geometry = TraceGeometry.from_preset(load_preset(model), weight_format)
+    geometry = TraceGeometry.from_preset(load_target(model), weight_format)
     check_writable(out)
     record = None if provenance is None else read_provenance(provenance)
     trace = import_routing(source_path, geometry, source, normalize, record)

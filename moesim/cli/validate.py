@@ -14,7 +14,9 @@ from moesim.cli.render import console, emit_json, render_table
 def validate_command(
     measured: Annotated[list[Path], typer.Argument(help="Measurement tables (.parquet/.csv) and/or speculative runs (.arrow).")],
     profile: ProfileOpt,
-    trace: Annotated[Path | None, typer.Option("--trace", help="Trace of window rows without a 'trace' column.")] = None,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="Trace of window rows without a 'trace' column, or a folder of named traces.")
+    ] = None,
     model: Annotated[str | None, typer.Option("--model", help="Target preset of whole passes (default: the row's or trace's).")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="Family of the speculative runs' kernel (default: the only one).")] = None,
     context_tokens: Annotated[int, typer.Option("--context-tokens", help="KV tokens of whole-pass rows that carry no position.")] = 512,

@@ -1,4 +1,5 @@
-"""The device catalog (`data/devices.toml`): datasheet facts and published figures, each cited."""
+"""The device catalog (`data/devices.toml`): datasheet facts and published figures, each cited;
+the links between devices and to the host (`data/links.toml`) that devices name."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class DeviceSpec:
     published_tokens_per_s: float = 0.0
     published_model_bytes: float = 0.0
     published_citation: str = ""
+    peer_link: str = ""
+    host_link: str = ""
 
     @property
     def published_bandwidth_gbps(self) -> float:
@@ -42,17 +45,64 @@ class DeviceSpec:
         return wanted == self.key or any(wanted == alias.lower() for alias in self.aliases)
 
 
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link between devices or to the host: bandwidth per direction and the latency of one
+    collective step, with the kind of their provenance and the citation."""
+
+    key: str
+    name: str
+    bandwidth_gbps: float
+    latency_us: float
+    kind: str
+    citation: str
+
+
+def _entries(file: str, cls: type) -> dict:
+    data = tomllib.loads(resources.files("moesim.hw_profiles").joinpath("data", file).read_text())
+    entries = {}
+    for key, table in data.items():
+        try:
+            entries[key] = cls(key=key, **({**table, "aliases": tuple(table.get("aliases", ()))} if cls is DeviceSpec else table))
+        except TypeError as exc:
+            raise ConfigError(f"{file}: entry '{key}': {exc}") from None
+    return entries
+
+
 @cache
 def catalog() -> dict[str, DeviceSpec]:
     """All catalog entries by key."""
-    data = tomllib.loads(resources.files("moesim.hw_profiles").joinpath("data", "devices.toml").read_text())
-    specs = {}
-    for key, table in data.items():
-        try:
-            specs[key] = DeviceSpec(key=key, **{**table, "aliases": tuple(table.get("aliases", ()))})
-        except TypeError as exc:
-            raise ConfigError(f"devices.toml: entry '{key}': {exc}") from None
-    return specs
+    return _entries("devices.toml", DeviceSpec)
+
+
+@cache
+def links() -> dict[str, LinkSpec]:
+    """All link profiles by key."""
+    return _entries("links.toml", LinkSpec)
+
+
+def device_of_profile(profile_name: str, device_name: str) -> DeviceSpec | None:
+    """The catalog entry a profile describes: by the profile's name (built-in profiles are named
+    by their catalog key), else by its device's name or an alias."""
+    spec = catalog().get(profile_name)
+    if spec is not None:
+        return spec
+    return next((s for s in catalog().values() if s.name == device_name or s.matches(device_name)), None)
+
+
+def device_spec(name: str) -> DeviceSpec:
+    """A catalog entry by key or alias; an unknown name is one line listing the known keys."""
+    spec = catalog().get(name) or lookup_device(name)
+    if spec is None:
+        raise ConfigError(f"unknown device '{name}' (known: {', '.join(catalog())})")
+    return spec
+
+
+def link_spec(name: str) -> LinkSpec:
+    """A link profile by key; an unknown key is one line listing the known ones."""
+    if name not in links():
+        raise ConfigError(f"unknown link '{name}' (known: {', '.join(links())})")
+    return links()[name]
 
 
 def lookup_device(device_name: str) -> DeviceSpec | None:

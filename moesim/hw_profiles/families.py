@@ -6,13 +6,20 @@ slots, U distinct experts and c = max tokens per expert (b_e = bytes of one expe
 I = intermediate):
 
     reads   = S                    tokens_per_read T = 1 (per-slot: every slot reads its expert)
-            = U·ceil((S/U) / T)    T > 1 (a register-tiled kernel reads an expert once per T tokens)
+            = Σ_e ceil(c_e / T)    T > 1 (a register-tiled kernel reads an expert once per T tokens;
+                                   without per-expert counts: U·ceil((S/U) / T))
             = U                    T = 0 (reads each distinct expert once, whatever the tokens)
-    hit     = min(1, cache_bytes / (U·b_e))     share of re-reads served by the cache
+    cached  = (reads − U)·min(1, cache_bytes / (U·b_e))      re-reads the cache serves (working set)
+            = Σ_d hist[d]·min(1, cache_bytes / (d·b_e))       `reuse_distance`: each re-read by its LRU
+                                                              stack distance d (`kernels.reuse`)
     time_us = fixed + per_expert·U + per_slot·S
-            + b_e·(U + (reads − U)·(1 − hit)) / hbm_bandwidth + b_e·(reads − U)·hit / cache_bandwidth
+            + b_e·(U + (reads − U) − cached) / hbm_bandwidth + b_e·cached / cache_bandwidth
             + S·6·h·I / compute_rate[v] + serial[v]·tok·chunks·(h + I)
             + U·ceil((S/U) / J)·J·6·h·I / tile_rate        (kernels that compute whole tiles of J tokens)
+    `reread_rate`:   the re-reads b_e·(reads − U) at their own rate instead of the hbm/cache split
+    `variant_terms`: + b_e·U / variant_bandwidth[v] + row[v]·S·(2I + h) (the variant's occupancy
+                     sets its streaming rate; a per-token cost along every output row), and the
+                     serial path of one chunk only (chunks = 1: the re-read term prices the others)
 
 v is the kernel variant (the smallest tile width ≥ min(c, T)); tok·chunks·(h + I) is the serial
 path of one warp (the tokens of the busiest expert along one gate/up and one down row). Every
@@ -26,12 +33,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
+from moesim.hw_profiles import family_kernel
 from moesim.hw_profiles.heldout import HeldoutError
+from moesim.hw_profiles.ladder.grid import CalibrationGrid, shape_label
+from moesim.hw_profiles.ladder.rungs import EXTRAPOLATED, FITTED, RUNGS, RungErrors, ladder_times, rung_shares
+from moesim.hw_profiles.ladder.transfer import PassTransfer
 from moesim.hw_profiles.provenance import Provenance
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.reuse import cached_rereads
 from moesim.models import ExpertShape
 
 RANGE_FIELDS = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert", "expert_bytes", "hidden", "intermediate")
@@ -60,6 +73,9 @@ class ExpertStructure:
     variants: tuple[int, ...] = ()
     tile_tokens: int = 0
     tile_step: int = 0
+    reuse_distance: bool = False  # cache hits from each re-read's stack distance, when the features carry it
+    reread_rate: bool = False  # re-reads at their own rate (no working-set cache split)
+    variant_terms: bool = False  # per variant: a bytes rate and a per-row cost
 
     def tile_width(self, n_tokens: np.ndarray) -> np.ndarray:
         """J: the tile width a pass of n tokens computes in (0: no tiles)."""
@@ -75,11 +91,22 @@ class ExpertStructure:
     def describe(self) -> str:
         """One-line description."""
         if self.tokens_per_read == 1:
-            return "per-slot reads (each token slot reads its expert)"
-        if self.tokens_per_read == 0:
-            return "one read per distinct expert"
-        tiles = "/".join(str(v) for v in self.variants)
-        return f"one read per {self.tokens_per_read} tokens of an expert, tile variants {tiles}"
+            text = "per-slot reads (each token slot reads its expert)"
+        elif self.tokens_per_read == 0:
+            text = "one read per distinct expert"
+        else:
+            tiles = "/".join(str(v) for v in self.variants)
+            text = f"one read per {self.tokens_per_read} tokens of an expert, tile variants {tiles}"
+        extras = [
+            label
+            for flag, label in (
+                (self.reuse_distance, "cache hits by re-read distance"),
+                (self.reread_rate, "re-reads at their own rate"),
+                (self.variant_terms, "a bytes rate and a per-row cost per variant"),
+            )
+            if flag
+        ]
+        return text + "".join(f"; {label}" for label in extras)
 
 
 @dataclass(frozen=True)
@@ -93,6 +120,9 @@ class ExpertInputs:
     expert_bytes: np.ndarray
     hidden: np.ndarray
     intermediate: np.ndarray
+    reread_histogram: np.ndarray | None = None  # shape + (E + 1,): re-reads by LRU stack distance
+    chunk_reads: dict[int, np.ndarray] | None = None  # tile T -> Σ_e ceil(c_e / T)
+    cached_rereads: np.ndarray | None = None  # re-reads the family's cache serves, where known (a grid's knots)
 
     @classmethod
     def of(cls, features: RoutingFeatures, shape: ExpertShape) -> ExpertInputs:
@@ -105,22 +135,45 @@ class ExpertInputs:
             shape.expert_bytes,
             shape.hidden,
             shape.intermediate,
+            reread_histogram=features.reread_histogram,
+            chunk_reads=features.chunk_reads,
         )
 
     @classmethod
-    def from_arrays(cls, *arrays: object) -> ExpertInputs:
-        """Broadcast seven arrays in RANGE_FIELDS order."""
+    def from_arrays(
+        cls,
+        *arrays: object,
+        reread_histogram: np.ndarray | None = None,
+        chunk_reads: dict[int, np.ndarray] | None = None,
+        cached_rereads: np.ndarray | None = None,
+    ) -> ExpertInputs:
+        """Broadcast seven arrays in RANGE_FIELDS order (and the optional reuse features to their shape)."""
         values = np.broadcast_arrays(*(np.asarray(a, np.float64) for a in arrays))
-        return cls(*values)
+        shape = values[0].shape
+        hist = None
+        if reread_histogram is not None:
+            hist = np.asarray(reread_histogram, np.float64)
+            hist = np.broadcast_to(hist, shape + hist.shape[-1:])
+        reads = None if chunk_reads is None else {t: np.broadcast_to(np.asarray(r, np.float64), shape) for t, r in chunk_reads.items()}
+        cached = None if cached_rereads is None else np.broadcast_to(np.asarray(cached_rereads, np.float64), shape)
+        return cls(*values, reread_histogram=hist, chunk_reads=reads, cached_rereads=cached)
 
     def field(self, name: str) -> np.ndarray:
         """An input by its range name."""
         return getattr(self, name)
 
+    def select(self, index: object) -> ExpertInputs:
+        """The inputs at `index` (a mask or indices of the leading axes)."""
+        hist = None if self.reread_histogram is None else self.reread_histogram[index]  # type: ignore[index]
+        reads = None if self.chunk_reads is None else {t: r[index] for t, r in self.chunk_reads.items()}  # type: ignore[index]
+        cached = None if self.cached_rereads is None else self.cached_rereads[index]  # type: ignore[index]
+        values = (self.field(name)[index] for name in RANGE_FIELDS)  # type: ignore[index]
+        return ExpertInputs(*values, reread_histogram=hist, chunk_reads=reads, cached_rereads=cached)
+
 
 def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The model's terms (time = Σ coefficient·column, see the module docstring) and each pass's tile
-    variant index; the compute and serial columns take the coefficient of that variant."""
+    variant index; the compute, serial, vbytes and rows columns take the coefficient of that variant."""
     u, s, cmax = x.distinct_experts, x.slots, x.max_tokens_per_expert
     safe_u = np.maximum(u, 1.0)
     t = structure.tokens_per_read
@@ -130,37 +183,52 @@ def base_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float
         reads, chunks, tokens = u, np.ones_like(u), cmax
     else:
         chunks = np.ceil(s / safe_u / t - 1e-9)
-        reads, tokens = u * chunks, np.minimum(cmax, t)
+        exact = x.chunk_reads.get(t) if x.chunk_reads else None
+        reads, tokens = (u * chunks if exact is None else exact), np.minimum(cmax, t)
     rereads = np.maximum(reads - u, 0.0)
-    hit = np.minimum(1.0, cache_bytes / (safe_u * x.expert_bytes))
+    if structure.reuse_distance and x.cached_rereads is not None:
+        cached = np.minimum(x.cached_rereads, rereads)
+    elif structure.reuse_distance and x.reread_histogram is not None:
+        cached = np.minimum(cached_rereads(x.reread_histogram, x.expert_bytes, cache_bytes), rereads)
+    else:
+        cached = rereads * np.minimum(1.0, cache_bytes / (safe_u * x.expert_bytes))
     active = np.where(s > 0, 1.0, 0.0)  # a pass that routes no token costs nothing
+    separate = structure.reread_rate
     columns = {
         "fixed": active,
         "per_expert": u,
         "per_slot": s,
-        "hbm": x.expert_bytes * (u + rereads * (1.0 - hit)),
-        "cache": x.expert_bytes * rereads * hit,
+        "hbm": x.expert_bytes * (u if separate else u + rereads - cached),
+        "cache": x.expert_bytes * (0.0 * u if separate else cached),
+        "reread": x.expert_bytes * (rereads if separate else 0.0 * u),
         "compute": s * 6.0 * x.hidden * x.intermediate,
-        "serial": active * tokens * chunks * (x.hidden + x.intermediate),
+        "serial": active * tokens * (1.0 if structure.variant_terms else chunks) * (x.hidden + x.intermediate),
     }
     if structure.tile_tokens:
         width = np.maximum(structure.tile_width(x.n_tokens), 1.0)
         tiles = np.ceil(s / safe_u / width - 1e-9)
         columns["tile"] = active * u * tiles * width * 6.0 * x.hidden * x.intermediate
+    if structure.variant_terms:
+        columns["vbytes"] = x.expert_bytes * u
+        columns["rows"] = s * (2.0 * x.intermediate + x.hidden)
     if not structure.variants:
         return columns, np.zeros(np.shape(u), np.intp)
     widths = np.asarray(structure.variants, np.float64)
     return columns, np.minimum(np.searchsorted(widths, np.minimum(cmax, t) - 1e-9), len(widths) - 1)
 
 
+VARIANT_COLUMNS = ("compute", "serial", "vbytes", "rows")  # one coefficient per tile variant
+
+
 def term_columns(x: ExpertInputs, structure: ExpertStructure, cache_bytes: float) -> dict[str, np.ndarray]:
-    """Every term as its own column (one compute and one serial column per tile variant): the fit's design."""
+    """Every term as its own column (one compute, serial, vbytes and rows column per tile variant): the fit's design."""
     columns, index = base_columns(x, structure, cache_bytes)
     if structure.variants:
-        compute, serial = columns.pop("compute"), columns.pop("serial")
-        for i, width in enumerate(structure.variants):
-            columns[f"compute{width}"] = np.where(index == i, compute, 0.0)
-            columns[f"serial{width}"] = np.where(index == i, serial, 0.0)
+        for name in VARIANT_COLUMNS:
+            if name in columns:
+                values = columns.pop(name)
+                for i, width in enumerate(structure.variants):
+                    columns[f"{name}{width}"] = np.where(index == i, values, 0.0)
     return columns
 
 
@@ -212,6 +280,14 @@ class ExpertFamily:
     note: str = ""
     tile_tflops: float = math.inf
     format_bandwidth_gbps: dict[str, float] = field(default_factory=dict)
+    reread_bandwidth_gbps: float = math.inf  # `reread_rate`: re-read bytes per µs·1e3
+    variant_bandwidth_gbps: tuple[float, ...] = ()  # `variant_terms`: bytes rate of first reads, per variant
+    row_ns: tuple[float, ...] = ()  # `variant_terms`: ns per slot and output row, per variant
+    grid: CalibrationGrid | None = None  # the lookup ladder's knots (a calibrated profile)
+    shape_fits: dict[str, ExpertFamily] = field(default_factory=dict)  # fitted rung per grid shape
+    rung_errors: RungErrors | None = None
+    pass_transfer: PassTransfer | None = None
+    fit_weight: float = 1.0  # a shape fit: the weight of its shape's rows
 
     def for_format(self, weight_format: str) -> ExpertFamily:
         """The family as it runs weights of a format: a format with its own effective bandwidth
@@ -224,10 +300,11 @@ class ExpertFamily:
         )
 
     def parameters(self) -> dict[str, object]:
-        """The family's structure and rates as plain data (the TOML keys; tile keys only for tiled kernels)."""
+        """The family's structure and rates as plain data (the TOML keys; tile keys only for tiled
+        kernels, the optional terms only where used)."""
         tiles = self.structure.tile_tokens
         tiled = {"tile_tokens": tiles, "tile_step": self.structure.tile_step, "tile_tflops": self.tile_tflops} if tiles else {}
-        return {
+        out: dict[str, object] = {
             "tokens_per_read": self.structure.tokens_per_read,
             "variants": list(self.structure.variants),
             "fixed_us": self.fixed_us,
@@ -241,6 +318,14 @@ class ExpertFamily:
             **tiled,
             **({"format_bandwidth_gbps": dict(self.format_bandwidth_gbps)} if self.format_bandwidth_gbps else {}),
         }
+        if self.structure.reuse_distance:
+            out["cache_model"] = "reuse_distance"
+        if self.structure.reread_rate:
+            out["reread_bandwidth_gbps"] = self.reread_bandwidth_gbps
+        if self.structure.variant_terms:
+            out["variant_bandwidth_gbps"] = list(self.variant_bandwidth_gbps)
+            out["row_ns"] = list(self.row_ns)
+        return out
 
     def coefficients(self) -> dict[str, float]:
         """Coefficient of each term column of `term_columns` (µs per unit of the column)."""
@@ -250,26 +335,34 @@ class ExpertFamily:
             "per_slot": self.per_slot_us,
             "hbm": _rate_to_coefficient(self.hbm_bandwidth_gbps, 1e3),
             "cache": _rate_to_coefficient(self.cache_bandwidth_gbps, 1e3),
+            "reread": _rate_to_coefficient(self.reread_bandwidth_gbps, 1e3),
         }
         if self.structure.tile_tokens:
             coefficients["tile"] = _rate_to_coefficient(self.tile_tflops, 1e6)
         suffixes = [str(v) for v in self.structure.variants] or [""]
-        for suffix, compute, serial in zip(suffixes, *self._variant_coefficients(), strict=True):
-            coefficients[f"compute{suffix}"] = compute
-            coefficients[f"serial{suffix}"] = serial
+        for name, values in self._variant_coefficients().items():
+            for suffix, value in zip(suffixes, values, strict=True):
+                coefficients[f"{name}{suffix}"] = float(value)
         return coefficients
 
-    def _variant_coefficients(self) -> tuple[np.ndarray, np.ndarray]:
-        compute = np.array([_rate_to_coefficient(rate, 1e6) for rate in self.compute_tflops])
-        return compute, np.array(self.serial_ns) * 1e-3
+    def _variant_coefficients(self) -> dict[str, np.ndarray]:
+        out = {
+            "compute": np.array([_rate_to_coefficient(rate, 1e6) for rate in self.compute_tflops]),
+            "serial": np.array(self.serial_ns) * 1e-3,
+        }
+        if self.structure.variant_terms:
+            out["vbytes"] = np.array([_rate_to_coefficient(rate, 1e3) for rate in self.variant_bandwidth_gbps])
+            out["rows"] = np.array(self.row_ns) * 1e-3
+        return out
 
     def model_time_us(self, x: ExpertInputs) -> np.ndarray:
         """The fitted terms alone, without the roofline floor."""
         columns, index = base_columns(x, self.structure, self.cache_bytes)
-        compute, serial = self._variant_coefficients()
-        total = columns["compute"] * compute[index] + columns["serial"] * serial[index]
+        total = np.zeros(np.shape(x.n_tokens))
+        for name, values in self._variant_coefficients().items():
+            total = total + columns[name] * values[index]
         for name, coefficient in self.coefficients().items():
-            if coefficient and name in ("fixed", "per_expert", "per_slot", "hbm", "cache", "tile"):
+            if coefficient and name in ("fixed", "per_expert", "per_slot", "hbm", "cache", "tile", "reread"):
                 total = total + coefficient * columns[name]
         return total
 
@@ -279,9 +372,146 @@ class ExpertFamily:
         return np.maximum(self.model_time_us(x), floor)
 
     def time_us(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
-        """Time in µs of one MoE layer's expert operation, vectorised over the features' shape."""
-        family = self.for_format(shape.weight_format) if self.format_bandwidth_gbps else self
-        return family.inputs_time_us(ExpertInputs.of(features, shape))
+        """Time in µs of one MoE layer's expert operation (the lookup ladder's, at the weight format's
+        rates), vectorised over the features' shape."""
+        return self.lookup(features, shape).time_us
+
+    def lookup(self, features: RoutingFeatures, shape: ExpertShape, whole_pass: bool = False) -> Lookup:
+        """Time, rung and relative bound of every layer (`whole_pass`: the rungs' whole-pass bounds, where measured)."""
+        return self.for_format(shape.weight_format).inputs_lookup(ExpertInputs.of(features, shape), whole_pass)
+
+    def inputs_lookup(self, x: ExpertInputs, whole_pass: bool = False) -> Lookup:
+        """The lookup ladder for prepared inputs (`moesim.hw_profiles.ladder`): per layer the first
+        rung that applies among exact, interpolated (knots of the same shape and n), fitted, extrapolated."""
+        outside = extrapolated(self.calibrated_range.factor(x))
+        time = np.zeros(np.shape(x.n_tokens))
+        rung = np.full(time.shape, FITTED, np.int8)
+        groups = _shape_groups(x) if self.shape_fits or self.grid is not None else [(None, np.ones(time.shape, bool))]
+        for label, where in groups:
+            model = self.shape_fits.get(label, self) if label is not None else self
+            part = x if len(groups) == 1 else x.select(where)
+            fitted = model.inputs_time_us(part)
+            beyond = outside if len(groups) == 1 else outside[where]
+            t, r = fitted, np.where(beyond, EXTRAPOLATED, FITTED).astype(np.int8)
+            if self.grid is not None:
+                t, r = self._ladder(model, label, part, fitted, beyond)
+            if len(groups) == 1:
+                time, rung = np.asarray(t, np.float64).reshape(time.shape), np.asarray(r, np.int8).reshape(time.shape)
+            else:
+                time[where], rung[where] = t, r
+        fallback = finite_or_nan(self.heldout_error.epsilon)
+        epsilon = self.rung_errors.epsilon(whole_pass, fallback) if self.rung_errors else np.full(len(RUNGS), fallback)
+        return Lookup(time, rung, epsilon[rung])
+
+    def _ladder(
+        self, model: ExpertFamily, label: str | None, x: ExpertInputs, fitted: np.ndarray, outside: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rungs of inputs of one shape, per pass size (`outside`: beyond the calibrated range)."""
+        grid = self.grid
+        time, rung = np.array(fitted, np.float64), np.array(np.where(outside, EXTRAPOLATED, FITTED), np.int8)
+        for n in np.unique(x.n_tokens):
+            index = grid.knots(label, n)  # type: ignore[union-attr]
+            if not index.size:
+                continue
+            where = x.n_tokens == n
+            knots = self.knot_inputs(index, x)
+            features = np.column_stack([x.field(name)[where] for name in grid.interpolate])  # type: ignore[union-attr]
+            time[where], rung[where] = ladder_times(
+                grid.features(index),
+                grid.time_us[index],
+                model.inputs_time_us(knots),
+                features,
+                fitted[where],
+                outside[where],
+            )
+        return time, rung
+
+    def sum_layers(self, x: ExpertInputs, used: np.ndarray | None = None, whole_pass: bool = False) -> LayerSum:
+        """Σ over the layers (last axis; `used` masks them) of the ladder's times, with their rungs'
+        bounds and the time per rung; a whole pass also takes the family's pass-level transfer."""
+        look = self.inputs_lookup(x, whole_pass)
+        used = np.ones(look.time_us.shape, bool) if used is None else np.broadcast_to(used, look.time_us.shape)
+        time = np.where(used, look.time_us, 0.0)
+        epsilon = np.where(np.isfinite(look.epsilon), look.epsilon, 0.0)
+        total, spread = time.sum(axis=-1), (time * epsilon).sum(axis=-1)
+        factor = np.where(used, self.calibrated_range.factor(x), 1.0).max(axis=-1, initial=1.0)
+        summed = LayerSum(total, total - spread, total + spread, rung_shares(time, look.rung), factor)
+        return self.transferred(summed, used.sum(axis=-1)) if whole_pass else summed
+
+    def transferred(self, summed: LayerSum, layers: np.ndarray | float) -> LayerSum:
+        """Whole passes of `layers` MoE layers with the pass-level transfer where it applies (T = a·Σt + b·L)."""
+        transfer = self.pass_transfer
+        if transfer is None or not transfer.applied:
+            return summed
+        total = summed.time_us
+        scale = np.divide(transfer.pass_us(total, layers), total, out=np.ones_like(total), where=total > 0)
+        return LayerSum(
+            total * scale, summed.low_us * scale, summed.high_us * scale, summed.rung_us * scale[..., None], summed.extrapolation
+        )
+
+    @property
+    def bound_basis(self) -> str:
+        """What a whole pass's bound rests on: the rungs' whole-pass held-out errors, or the one-layer fit."""
+        if self.rung_errors is not None and self.rung_errors.whole_pass:
+            return f"{self.name}: whole-pass leave-one-model-out per rung"
+        return f"{self.name}: one-layer fit"
+
+    def knot_inputs(self, index: np.ndarray, like: ExpertInputs) -> ExpertInputs:
+        """Model inputs of grid knots (the expert shape of `like`, which shares their shape)."""
+        g = self.grid
+        t = self.structure.tokens_per_read
+        return ExpertInputs.from_arrays(
+            g.n_tokens[index], g.slots[index], g.distinct_experts[index], g.max_tokens_per_expert[index],  # type: ignore[union-attr]
+            like.expert_bytes.flat[0], like.hidden.flat[0], like.intermediate.flat[0],
+            chunk_reads={t: g.chunk_reads[index]} if t > 1 else None,  # type: ignore[union-attr]
+            cached_rereads=g.cached_rereads[index] if self.structure.reuse_distance else None,  # type: ignore[union-attr]
+        )  # fmt: skip
+
+    @cached_property
+    def _compiled(self) -> dict[tuple[ExpertShape, int], tuple[np.ndarray, ...]]:
+        return {}
+
+    def _compiled_params(self, shape: ExpertShape, top_k: int) -> tuple[np.ndarray, ...]:
+        """The compiled kernel's parameters for an expert shape and top-k, kept per pair."""
+        params = self._compiled.get((shape, top_k))
+        if params is None:
+            family = self.for_format(shape.weight_format) if self.format_bandwidth_gbps else self
+            params = self._compiled[(shape, top_k)] = family_kernel.parameters(family, shape, top_k)
+        return params
+
+    @property
+    def compiled(self) -> bool:
+        """Whether `fast_time_us` / `fast_layers_us` run compiled (`family_kernel`): fitted terms alone, no
+        ladder knots, shape fits, re-read or per-variant terms; others take `time_us`'s path."""
+        s = self.structure
+        return self.grid is None and not self.shape_fits and not (s.reuse_distance or s.reread_rate or s.variant_terms)
+
+    def fast_time_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> np.ndarray:
+        """`time_us` of passes of slots / top_k tokens given by slots, distinct experts and max
+        tokens per expert (arrays of one shape), in one compiled call where the family allows it
+        (`compiled`): the simulator's per-pass path where no table applies (mixed passes,
+        expert-parallel ranks). Tested equal to `time_us`."""
+        if not self.compiled:
+            return self._counts_time_us(slots, distinct, most, shape, top_k)
+        flat = [np.ascontiguousarray(a, np.float64).ravel() for a in (slots, distinct, most)]
+        out = np.empty(flat[0].size)
+        family_kernel.pass_times_us(*flat, *self._compiled_params(shape, top_k), out)
+        return out.reshape(np.shape(slots))
+
+    def fast_layers_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> float:
+        """Σ over MoE layers of the slowest rank's `time_us`, for (ranks, layers) arrays of slots,
+        distinct experts and max tokens per expert, in one compiled call where the family allows it
+        (a pass over expert-parallel ranks; one rank: the layers' sum)."""
+        if not self.compiled:
+            return float(self._counts_time_us(slots, distinct, most, shape, top_k).max(axis=0).sum())
+        arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
+        return float(family_kernel.slowest_rank_layers_us(*arrays, *self._compiled_params(shape, top_k)))
+
+    def _counts_time_us(self, slots: np.ndarray, distinct: np.ndarray, most: np.ndarray, shape: ExpertShape, top_k: int) -> np.ndarray:
+        """`time_us` from the four counts a server pass has (the ladder's path, in numpy)."""
+        slots = np.asarray(slots, np.float64)
+        features = RoutingFeatures(slots / top_k, slots, np.asarray(distinct, np.float64), np.asarray(most, np.float64))
+        return self.time_us(features, shape)
 
     def extrapolation_factor(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:
         """1.0 inside the calibrated range; else how far outside (max ratio over inputs)."""
@@ -291,6 +521,47 @@ class ExpertFamily:
     def is_dedup(self) -> bool:
         """Deduplicating families read each distinct expert once per pass (or per tile)."""
         return self.name.startswith("dedup")
+
+
+def _shape_groups(x: ExpertInputs) -> list[tuple[str | None, np.ndarray]]:
+    """(grid shape label, mask) of every distinct expert shape and top-k among the inputs."""
+    top_k = np.round(x.slots / np.maximum(x.n_tokens, 1.0))
+    columns = [np.broadcast_to(a, top_k.shape).ravel() for a in (x.hidden, x.intermediate, x.expert_bytes, top_k)]
+    if all(column.size == 0 or (column == column[0]).all() for column in columns):  # one shape: no masks
+        return [(shape_label(*(float(c[0]) if c.size else 0.0 for c in columns)), np.ones(top_k.shape, bool))]
+    unique, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(top_k.shape)
+    return [(shape_label(*row), inverse == i) for i, row in enumerate(unique)]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Per layer: time (µs), rung index into `ladder.rungs.RUNGS`, and the rung's relative bound ε."""
+
+    time_us: np.ndarray
+    rung: np.ndarray
+    epsilon: np.ndarray
+
+
+@dataclass(frozen=True)
+class LayerSum:
+    """Layer times summed per pass: time, bounds (each layer at its rung's ±ε), µs per rung (..., 4), extrapolation factor."""
+
+    time_us: np.ndarray
+    low_us: np.ndarray
+    high_us: np.ndarray
+    rung_us: np.ndarray
+    extrapolation: np.ndarray
+
+    @property
+    def epsilon(self) -> np.ndarray:
+        """Per pass, the relative bound (high − time) / time (0 for an empty pass)."""
+        return np.divide(self.high_us - self.time_us, self.time_us, out=np.zeros_like(self.time_us), where=self.time_us > 0)
+
+
+def finite_or_nan(value: float) -> float:
+    """The value where finite, else NaN."""
+    return float(value) if np.isfinite(value) else math.nan
 
 
 @dataclass(frozen=True)
@@ -310,12 +581,15 @@ class DenseFamily:
     attention_tflops: float = math.inf
 
     def time_us(self, bytes_read: np.ndarray | float, flops: np.ndarray | float = 0.0, kernels: np.ndarray | float = 1.0) -> np.ndarray:
-        """Time in µs = launch_us·kernels + bytes / bandwidth + flops / FLOP rate."""
-        return (
-            self.launch_us * np.asarray(kernels, np.float64)
-            + np.asarray(bytes_read, np.float64) / (self.bandwidth_gbps * 1e3)
-            + np.asarray(flops, np.float64) * _rate_to_coefficient(self.tflops, 1e6)
-        )
+        """Time in µs = launch_us·kernels + bytes / bandwidth + flops / FLOP rate, vectorised (plain
+        numbers stay numbers, as the simulator's per-pass call passes them; the same arithmetic)."""
+        if not (isinstance(bytes_read, float | int) and isinstance(flops, float | int) and isinstance(kernels, float | int)):
+            bytes_read, flops, kernels = (np.asarray(v, np.float64) for v in (bytes_read, flops, kernels))
+        return self.launch_us * kernels + bytes_read / (self.bandwidth_gbps * 1e3) + flops * self._flop_coefficient  # type: ignore[return-value]
+
+    @cached_property
+    def _flop_coefficient(self) -> float:
+        return _rate_to_coefficient(self.tflops, 1e6)
 
     def attention_us(self, flops: np.ndarray | float) -> np.ndarray:
         """Time in µs of attention's FLOPs = flops / attention rate (0 when the rate is inf)."""

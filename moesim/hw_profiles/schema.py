@@ -8,6 +8,7 @@ may override it with `<field>_source`. Any problem is one line naming the file a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,20 +21,25 @@ from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles.dispatch import dispatch_from_table, dispatch_lines
 from moesim.hw_profiles.families import RANGE_FIELDS, CalibratedRange, DenseFamily, ExpertFamily, ExpertStructure, Roofline
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
+from moesim.hw_profiles.ladder.tables import read_grid, read_rung_errors, read_transfer, rung_error_tables, transfer_table
 from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import FittedRow, Provenance
-from moesim.hw_profiles.speculative import SpecPath, spec_path_from_table
+from moesim.hw_profiles.speculative import spec_path_from_table
 from moesim.models import bytes_per_weight
 from moesim.tomlfile import read_toml
 
 FORMAT = "moesim-hardware-profile"
 FORMAT_VERSION = 1
+GRID_ITEMS_PER_LINE = 12
 
 _DEVICE_TEXT = ("name", "engine", "engine_version", "driver_version", "runtime_version")
 _EXPERT_RATES = ("hbm_bandwidth_gbps", "cache_bandwidth_gbps")
 _EXPERT_TIMES = ("fixed_us", "per_expert_us", "per_slot_us", "cache_bytes")
 _TILE_KEYS = ("tile_tokens", "tile_step", "tile_tflops")
 _SPLITS = ("leave_one_shape_out", "leave_one_routing_out", "in_sample", "leave_one_size_out")
+_OPTIONAL_TERMS = ("reread_bandwidth_gbps", "variant_bandwidth_gbps", "row_ns")
+CACHE_MODELS = ("working_set", "reuse_distance")
+EXTRA_TABLES = ("grid", "shape_fits", "rung_error", "pass_transfer")  # the lookup ladder (optional)
 
 
 class _Reader:
@@ -184,9 +190,10 @@ def _read_range(reader: _Reader, table: dict[str, Any], path: str) -> Calibrated
 
 def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Roofline) -> ExpertFamily:
     path = f"families.{name}"
-    allowed = {"tokens_per_read", "variants", *_EXPERT_RATES, *_EXPERT_TIMES, "compute_tflops", "serial_ns", "source", "note"}
-    reader.unknown(table, path, allowed | {"calibrated_range", "heldout_error", "format_bandwidth_gbps", *_TILE_KEYS})
-    reader.source(table, path, (*_EXPERT_RATES, *_EXPERT_TIMES, "compute_tflops", "serial_ns", "tile_tflops"))
+    allowed = {"tokens_per_read", "variants", "cache_model", *_EXPERT_RATES, *_EXPERT_TIMES, *_OPTIONAL_TERMS}
+    allowed |= {"compute_tflops", "serial_ns", "source", "note"}
+    reader.unknown(table, path, allowed | {"calibrated_range", "heldout_error", "format_bandwidth_gbps", *_TILE_KEYS, *EXTRA_TABLES})
+    reader.source(table, path, (*_EXPERT_RATES, *_EXPERT_TIMES, *_OPTIONAL_TERMS, "compute_tflops", "serial_ns", "tile_tflops"))
     tokens_per_read = table.get("tokens_per_read")
     if isinstance(tokens_per_read, bool) or not isinstance(tokens_per_read, int) or tokens_per_read < 0:
         raise reader.fail(f"{path}.tokens_per_read", f"must be an integer >= 0 (0 = one read per distinct expert), got {tokens_per_read!r}")
@@ -204,9 +211,24 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
             raise reader.fail(f"{path}.{key}", f"must be an integer >= 0, got {value!r}")
     if tiles["tile_tokens"] and "tile_tflops" not in table:
         raise reader.fail(f"{path}.tile_tflops", "is missing: a tiled kernel needs its tile compute rate")
-    structure = ExpertStructure(tokens_per_read, tuple(variants), tiles["tile_tokens"], tiles["tile_step"])
+    cache_model = table.get("cache_model", "working_set")
+    if cache_model not in CACHE_MODELS:
+        raise reader.fail(f"{path}.cache_model", f"must be one of {', '.join(CACHE_MODELS)}, got {cache_model!r}")
+    variant_terms = "variant_bandwidth_gbps" in table or "row_ns" in table
+    structure = ExpertStructure(
+        tokens_per_read,
+        tuple(variants),
+        tiles["tile_tokens"],
+        tiles["tile_step"],
+        reuse_distance=cache_model == "reuse_distance",
+        reread_rate="reread_bandwidth_gbps" in table,
+        variant_terms=variant_terms,
+    )
     if name == "per_slot" and tokens_per_read != 1:
         raise reader.fail(f"{path}.tokens_per_read", f"must be 1 for the per_slot family, got {tokens_per_read}")
+    if variant_terms and not variants:
+        raise reader.fail(f"{path}.variant_bandwidth_gbps", "needs tile variants (a per-variant term of a kernel without variants)")
+    rates = structure.n_rates if variant_terms else 0
     return ExpertFamily(
         name=name,
         structure=structure,
@@ -225,6 +247,11 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
         note=str(table.get("note", "")),
         tile_tflops=reader.number(table, "tile_tflops", path, positive=True, allow_inf=True) if structure.tile_tokens else math.inf,
         format_bandwidth_gbps=_read_format_rates(reader, table.get("format_bandwidth_gbps", {}), f"{path}.format_bandwidth_gbps"),
+        reread_bandwidth_gbps=(
+            reader.number(table, "reread_bandwidth_gbps", path, positive=True, allow_inf=True) if structure.reread_rate else math.inf
+        ),
+        variant_bandwidth_gbps=reader.numbers(table, "variant_bandwidth_gbps", path, rates, True, True) if rates else (),
+        row_ns=reader.numbers(table, "row_ns", path, rates, False, False) if rates else (),
     )
 
 
@@ -240,6 +267,39 @@ def _read_format_rates(reader: _Reader, table: Any, path: str) -> dict[str, floa
             raise reader.fail(f"{path}.{fmt}", "is not a weight format") from None
         rates[fmt.upper()] = reader.number(table, fmt, path, positive=True, allow_inf=True)
     return rates
+
+
+def _read_ladder(reader: _Reader, family: ExpertFamily, table: dict[str, Any], roofline: Roofline) -> ExpertFamily:
+    """The family's optional lookup ladder: knots, fitted rung per shape, rung bounds, pass-level terms."""
+    path = f"families.{family.name}"
+    grid = None
+    if "grid" in table:
+        grid, source = read_grid(table["grid"], f"{path}.grid", reader.origin)
+        if source not in reader.sources:
+            raise reader.fail(f"{path}.grid.source", f"names unknown source '{source}' (known: {', '.join(reader.sources)})")
+        reader.section_sources[f"{path}.grid"] = source
+    shape_fits = {}
+    fits = table.get("shape_fits", {})
+    if not isinstance(fits, dict):
+        raise reader.fail(f"{path}.shape_fits", "must be a table of shape fits")
+    base = {key: value for key, value in table.items() if key not in (*EXTRA_TABLES, "note")}
+    for label, fit in fits.items():
+        if not isinstance(fit, dict):
+            raise reader.fail(f"{path}.shape_fits.{label}", "must be a table")
+        weight = reader.number(fit, "weight", f"{path}.shape_fits.{label}", positive=True) if "weight" in fit else 1.0
+        parameters = {key: value for key, value in fit.items() if key != "weight"}
+        shape_reader = _Reader(f"{reader.origin} (shape fit {label})", reader.sources)
+        shape_fits[label] = dataclasses.replace(
+            _read_expert(shape_reader, family.name, {**base, **parameters}, roofline), fit_weight=weight
+        )
+    rung_errors = read_rung_errors(table["rung_error"], f"{path}.rung_error", reader.origin) if "rung_error" in table else None
+    for source in (rung_errors.one_layer_source, rung_errors.whole_pass_source) if rung_errors else ():
+        if source and source not in reader.sources:
+            raise reader.fail(f"{path}.rung_error", f"names unknown source '{source}' (known: {', '.join(reader.sources)})")
+    transfer = read_transfer(table["pass_transfer"], f"{path}.pass_transfer", reader.origin) if "pass_transfer" in table else None
+    if transfer is not None and transfer.source not in reader.sources:
+        raise reader.fail(f"{path}.pass_transfer.source", f"names unknown source '{transfer.source}'")
+    return dataclasses.replace(family, grid=grid, shape_fits=shape_fits, rung_errors=rung_errors, pass_transfer=transfer)
 
 
 def _read_dense(reader: _Reader, table: dict[str, Any]) -> DenseFamily:
@@ -325,7 +385,7 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
             continue
         if family_name != "per_slot" and not family_name.startswith("dedup"):
             raise reader.fail(f"families.{family_name}", "is not a family name: per_slot, dense or a name starting with dedup")
-        experts[family_name] = _read_expert(reader, family_name, table, roofline)
+        experts[family_name] = _read_ladder(reader, _read_expert(reader, family_name, table, roofline), table, roofline)
     if "dense" not in families_table:
         raise reader.fail("families.dense", "is missing: a profile needs the dense family (non-expert weights, attention, KV)")
     dense = _read_dense(reader, families_table["dense"])
@@ -365,7 +425,8 @@ def read_profile(path: str | os.PathLike[str]) -> HardwareProfile:
 # ---- writing ---------------------------------------------------------------------------------
 
 
-def _value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """A value as TOML text."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -377,16 +438,17 @@ def _value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
-def _section(lines: list[str], header: str | None, table: dict[str, Any]) -> None:
+def toml_section(lines: list[str], header: str | None, table: dict[str, Any]) -> None:
+    """A table's lines (None values left out), under `[header]` unless None."""
     if header is not None:
         lines.extend(["", f"[{header}]"])
-    lines.extend(f"{key} = {_value(value)}" for key, value in table.items() if value is not None)
+    lines.extend(f"{key} = {toml_value(value)}" for key, value in table.items() if value is not None)
 
 
 def _overrides(profile: HardwareProfile, path: str) -> dict[str, str]:
@@ -395,15 +457,35 @@ def _overrides(profile: HardwareProfile, path: str) -> dict[str, str]:
 
 
 def _heldout_table(heldout: HeldoutError) -> dict[str, Any]:
-    table: dict[str, Any] = {}
-    for split in _SPLITS:
-        stats = getattr(heldout, split)
-        if stats is not None:
-            table[split] = stats.to_dict()
+    table: dict[str, Any] = {split: stats.to_dict() for split in _SPLITS if (stats := getattr(heldout, split)) is not None}
     if heldout.transfer:
         table["transfer"] = heldout.transfer
         table["transfer_note"] = heldout.transfer_note
     return table
+
+
+def _ladder_sections(lines: list[str], profile: HardwareProfile, family: ExpertFamily, path: str) -> None:
+    """The family's lookup ladder (rung bounds, pass-level terms, fitted rung per shape, knots)."""
+    if family.rung_errors is not None:
+        for rung, table in rung_error_tables(family.rung_errors).items():
+            toml_section(lines, f"{path}.rung_error.{rung}", table)
+    if family.pass_transfer is not None:
+        toml_section(lines, f"{path}.pass_transfer", transfer_table(family.pass_transfer))
+    for label, fit in family.shape_fits.items():
+        toml_section(lines, f'{path}.shape_fits."{label}"', {"weight": fit.fit_weight, **fit.parameters(), "note": fit.note or None})
+    if family.grid is not None:
+        grid = family.grid.to_table(profile.section_sources.get(f"{path}.grid", profile.section_sources[path]))
+        lines.extend(["", f"[{path}.grid]"])
+        for key, value in grid.items():
+            lines.append(
+                f"{key} = {_wrapped(value) if isinstance(value, list) and len(value) > GRID_ITEMS_PER_LINE else toml_value(value)}"
+            )
+
+
+def _wrapped(values: list[Any]) -> str:
+    """A long array over several lines."""
+    rows = [", ".join(toml_value(v) for v in values[i : i + GRID_ITEMS_PER_LINE]) for i in range(0, len(values), GRID_ITEMS_PER_LINE)]
+    return "[\n    " + ",\n    ".join(rows) + ",\n]"
 
 
 def profile_to_toml(profile: HardwareProfile) -> str:
@@ -425,9 +507,9 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         top["partial"] = True
     if profile.notes:
         top["notes"] = list(profile.notes)
-    _section(lines, None, top)
+    toml_section(lines, None, top)
     d = profile.device
-    _section(
+    toml_section(
         lines,
         "device",
         {
@@ -444,7 +526,7 @@ def profile_to_toml(profile: HardwareProfile) -> str:
             **_overrides(profile, "device"),
         },
     )
-    _section(
+    toml_section(
         lines,
         "roofline",
         {
@@ -454,9 +536,11 @@ def profile_to_toml(profile: HardwareProfile) -> str:
             **_overrides(profile, "roofline"),
         },
     )
-    _section(lines, "pass", {"fixed_us": profile.pass_fixed_us, "source": profile.section_sources["pass"], **_overrides(profile, "pass")})
+    toml_section(
+        lines, "pass", {"fixed_us": profile.pass_fixed_us, "source": profile.section_sources["pass"], **_overrides(profile, "pass")}
+    )
     dense = profile.dense
-    _section(
+    toml_section(
         lines,
         "families.dense",
         {
@@ -469,10 +553,10 @@ def profile_to_toml(profile: HardwareProfile) -> str:
             **_overrides(profile, "families.dense"),
         },
     )
-    _section(lines, "families.dense.heldout_error", _heldout_table(dense.heldout_error))
+    toml_section(lines, "families.dense.heldout_error", _heldout_table(dense.heldout_error))
     for name, family in profile.expert_families.items():
         path = f"families.{name}"
-        _section(
+        toml_section(
             lines,
             path,
             {
@@ -482,55 +566,28 @@ def profile_to_toml(profile: HardwareProfile) -> str:
                 **_overrides(profile, path),
             },
         )
-        _section(lines, f"{path}.calibrated_range", {key: list(bounds) for key, bounds in family.calibrated_range.bounds.items()})
-        _section(lines, f"{path}.heldout_error", _heldout_table(family.heldout_error))
+        toml_section(lines, f"{path}.calibrated_range", {key: list(bounds) for key, bounds in family.calibrated_range.bounds.items()})
+        toml_section(lines, f"{path}.heldout_error", _heldout_table(family.heldout_error))
+        _ladder_sections(lines, profile, family, path)
     if profile.dispatch is not None:
         lines.extend(dispatch_lines(profile.dispatch))
     if profile.speculative is not None:
-        _section(lines, "speculative", profile.speculative.table())
+        toml_section(lines, "speculative", profile.speculative.table())
         if profile.speculative.basis:
-            _section(lines, "speculative.basis", profile.speculative.basis)
-    _sources(lines, profile.sources)
+            toml_section(lines, "speculative.basis", profile.speculative.basis)
+    sources_lines(lines, profile.sources)
     return "\n".join(lines) + "\n"
 
 
-def _sources(lines: list[str], sources: dict[str, Provenance]) -> None:
+def sources_lines(lines: list[str], sources: dict[str, Provenance]) -> None:
+    """The `[sources.ID]` tables."""
     for key, source in sources.items():
         fields = {"kind": source.kind, "file": source.file, "sha256": source.sha256, "citation": source.citation, "note": source.note}
-        _section(lines, f"sources.{key}", {k: v for k, v in fields.items() if v})
+        toml_section(lines, f"sources.{key}", {k: v for k, v in fields.items() if v})
         if source.rows:
             lines.append("rows = [")
-            lines.extend(f"    {_value(row.to_table())}," for row in source.rows)
+            lines.extend(f"    {toml_value(row.to_table())}," for row in source.rows)
             lines.append("]")
-
-
-SPEC_PATHS_FORMAT = "moesim-spec-paths"
-
-
-def spec_paths_to_toml(paths: dict[str, SpecPath], header: str) -> str:
-    """Spec-path terms of built-in profiles by profile name (`data/spec_paths.toml`), with their sources."""
-    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
-    _section(lines, None, {"format": SPEC_PATHS_FORMAT, "format_version": FORMAT_VERSION})
-    for name, spec in paths.items():
-        _section(lines, f"profiles.{_value(name)}", spec.table())
-        if spec.basis:
-            _section(lines, f"profiles.{_value(name)}.basis", spec.basis)
-    _sources(lines, {spec.source_id: spec.provenance for spec in paths.values()})
-    return "\n".join(lines) + "\n"
-
-
-def read_spec_paths(path: Path) -> dict[str, SpecPath]:
-    """The spec-path terms of `spec_paths_to_toml`, checked like a profile's `[speculative]` table."""
-    data = read_toml(path, "spec-path table")
-    origin = str(path)
-    if data.get("format") != SPEC_PATHS_FORMAT:
-        raise ConfigError(f"{origin}: field 'format' must be '{SPEC_PATHS_FORMAT}', got {data.get('format')!r}")
-    sources = read_sources(data, origin)
-    reader = _Reader(origin, sources)
-    profiles = data.get("profiles", {})
-    if not isinstance(profiles, dict):
-        raise reader.fail("profiles", "must be a table of profile name = spec-path table")
-    return {name: spec_path_from_table(table, f"profiles.{name}", sources, reader.fail) for name, table in profiles.items()}
 
 
 def write_profile(path: str | os.PathLike[str], profile: HardwareProfile) -> None:

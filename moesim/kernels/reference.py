@@ -6,6 +6,8 @@ Same inputs and outputs as the fast paths in `windows` and `unions`, computed an
   back), combine per row with array operations, then sum (U) or take the max (M) along the n
   diagonals. Work grows with the longest run of repeats within N rows, not with the windows.
 - unions: gather the rows of every window, count (group, layer, expert) with one bincount.
+- reuse: re-read distances and tile reads from their definitions, slot by slot in plain Python
+  (small inputs only), and their window means by enumerating every window.
 """
 
 from __future__ import annotations
@@ -94,3 +96,46 @@ def union_features_reference(
     key = (window_group[row_window][:, None, None] * n_layers + np.arange(n_layers)[None, :, None]) * n_experts + ids
     counts = np.bincount(key.reshape(-1), minlength=n_groups * n_layers * n_experts).reshape(n_groups, n_layers, n_experts)
     return (counts > 0).sum(axis=2), counts.max(axis=2, initial=0), counts
+
+
+def reuse_features_reference(
+    experts: np.ndarray, group_offsets: np.ndarray, starts: np.ndarray, lengths: np.ndarray, n_experts: int, tiles: tuple[int, ...]
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Per group and layer, from the definitions in plain Python: the re-read histogram (a re-read
+    at slot s of the expert last read at slot p has distance |set(slots p+1..s)|) and, per tile
+    T, Σ_e ceil(c_e / T)."""
+    n_groups, n_layers = len(group_offsets) - 1, experts.shape[1]
+    hist = np.zeros((n_groups, n_layers, n_experts + 1), np.int64)
+    reads = {t: np.zeros((n_groups, n_layers), np.int64) for t in tiles}
+    for g in range(n_groups):
+        rows = [t for w in range(group_offsets[g], group_offsets[g + 1]) for t in range(starts[w], starts[w] + lengths[w])]
+        for layer in range(n_layers):
+            stream = [int(e) for t in rows for e in experts[t, layer]]
+            for s, e in enumerate(stream):
+                earlier = [p for p in range(s) if stream[p] == e]
+                if earlier:
+                    hist[g, layer, len(set(stream[earlier[-1] + 1 : s + 1]))] += 1
+            for t in tiles:
+                reads[t][g, layer] = sum(-(-stream.count(e) // t) for e in set(stream))
+    return hist, reads
+
+
+def window_reuse_means_reference(
+    experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_pass: int, tiles: tuple[int, ...]
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Means over every window of n = 1..max_pass rows of each sequence and over the layers of
+    `reuse_features_reference` of that window alone."""
+    hist = np.zeros((max_pass, n_experts + 1))
+    reads = {t: np.zeros(max_pass) for t in tiles}
+    for n in range(1, max_pass + 1):
+        first = [a for lo, hi in np.stack([seq_starts[:-1], seq_starts[1:]], axis=1) for a in range(lo, hi - n + 1)]
+        if not first:
+            hist[n - 1] = np.nan
+            for t in tiles:
+                reads[t][n - 1] = np.nan
+            continue
+        h, r = reuse_features_reference(experts, np.arange(len(first) + 1), np.array(first), np.full(len(first), n), n_experts, tiles)
+        hist[n - 1] = h.mean(axis=(0, 1))
+        for t in tiles:
+            reads[t][n - 1] = r[t].mean()
+    return hist, reads

@@ -99,6 +99,15 @@ class UnionFeatures:
             return self.distinct_experts / (self.n_tokens[:, None] * self.top_k)
 
 
+@numba.njit(cache=True)
+def _windows_inside(starts, lengths, rows):  # noqa: ANN001, ANN202
+    """Whether every window [starts[i], starts[i] + lengths[i]) lies within rows 0..rows."""
+    for i in range(starts.shape[0]):  # noqa: SIM110 (a loop Numba compiles; all() of a generator it does not)
+        if starts[i] < 0 or lengths[i] < 0 or starts[i] + lengths[i] > rows:
+            return False
+    return True
+
+
 def _check_windows(experts: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if experts.ndim != 3 or experts.dtype.kind != "u":
         raise ValueError(f"experts must be a (T, L, K) array of unsigned ids, got {experts.dtype} {experts.shape}")
@@ -106,7 +115,7 @@ def _check_windows(experts: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
     lengths = np.ascontiguousarray(lengths, np.int64)
     if starts.shape != lengths.shape or starts.ndim != 1:
         raise ValueError("starts and lengths must be 1-d arrays of one length")
-    if starts.size and (starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > experts.shape[0]):
+    if not _windows_inside(starts, lengths, experts.shape[0]):
         raise ValueError(f"a window lies outside rows 0..{experts.shape[0]}")
     return starts, lengths
 
@@ -176,6 +185,147 @@ def union_features_many(
     else:
         _union_groups(experts, n_experts, offsets, starts, lengths, counts[0], out_u, out_m, hist[0])
     return UnionFeatures(experts.shape[2], tokens, out_u, out_m, hist.sum(axis=0) if histogram else None)
+
+
+# ---- passes of a server: windows, prefill blocks, expert-parallel ranks -------------------------
+
+
+@numba.njit(cache=True)
+def _union_pass(experts, n_experts, starts, lengths, checkpoints, block_lo, block_hi, ranks, counts, out_u, out_m, out_s):  # noqa: ANN001, ANN202
+    """Count the windows' slots and add the blocks' counts (checkpoints[hi] − checkpoints[lo]) per
+    (layer, expert), then per rank r (experts r·E/R .. (r+1)·E/R − 1) and layer: distinct experts,
+    max tokens per expert and slots; `counts` is zero on entry and on exit (as `_union_groups`)."""
+    _, n_layers, k = experts.shape
+    width = counts.shape[1]
+    for w in range(starts.shape[0]):
+        for t in range(starts[w], starts[w] + lengths[w]):
+            for layer in range(n_layers):
+                for j in range(k):
+                    counts[layer, min(np.intp(experts[t, layer, j]), width - 1)] += 1
+    for b in range(block_lo.shape[0]):
+        lo, hi = block_lo[b], block_hi[b]
+        for layer in range(n_layers):
+            for e in range(n_experts):
+                counts[layer, e] += checkpoints[hi, layer, e] - checkpoints[lo, layer, e]
+    per_rank = n_experts // ranks
+    stray = 0
+    for layer in range(n_layers):
+        for r in range(ranks):
+            u = 0
+            m = 0
+            slots = 0
+            for e in range(r * per_rank, (r + 1) * per_rank):
+                c = counts[layer, e]
+                u += c > 0
+                m = max(m, c)
+                slots += c
+                counts[layer, e] = 0
+            out_u[r, layer] = u
+            out_m[r, layer] = m
+            out_s[r, layer] = slots
+        for e in range(n_experts, width):
+            stray |= counts[layer, e]
+            counts[layer, e] = 0
+    if stray:
+        raise ValueError("expert id >= n_experts")
+
+
+@numba.njit(cache=True)
+def _checkpoints(experts, n_experts, rows, stride, out):  # noqa: ANN001, ANN202
+    """out[j, l, e] = slots of expert e in layer l among rows 0 .. j·stride − 1."""
+    _, n_layers, k = experts.shape
+    running = np.zeros((n_layers, n_experts), np.int32)
+    for t in range(rows):
+        if t % stride == 0:
+            out[t // stride] = running
+        for layer in range(n_layers):
+            for j in range(k):
+                e = np.intp(experts[t, layer, j])
+                if e < n_experts:
+                    running[layer, e] += 1
+    out[rows // stride] = running
+
+
+@dataclass(frozen=True)
+class PrefillRegion:
+    """The first `rows` rows of a trace (a multiple of `stride`), with cumulative slot counts per
+    (layer, expert) every `stride` rows: a prefill chunk of c rows of the region costs its two
+    partial ends as windows plus one difference of checkpoints, whatever c."""
+
+    rows: int
+    stride: int
+    checkpoints: np.ndarray  # (rows / stride + 1, L, E) int32
+
+    @classmethod
+    def of(cls, experts: np.ndarray, n_experts: int, max_rows: int = 4096, stride: int = 16) -> PrefillRegion:
+        """The region of the first min(T, max_rows) rows, rounded down to the stride (all T rows when T < stride)."""
+        total = experts.shape[0]
+        rows = total if total < stride else (min(total, max_rows) // stride) * stride
+        step = stride if total >= stride else max(total, 1)
+        out = np.zeros((rows // step + 1, experts.shape[1], n_experts), np.int32)
+        _checkpoints(experts, n_experts, rows, step, out)
+        return cls(rows, step, out)
+
+    def pieces(self, first_row: int, tokens: int, windows: tuple[list[int], list[int]], blocks: tuple[list[int], list[int]]) -> None:
+        """Append the windows (starts, lengths) and blocks (lo, hi) of `tokens` rows of the region
+        from row `first_row` (mod rows), wrapping at its end."""
+        starts, lengths = windows
+        lows, highs = blocks
+        row = first_row % self.rows
+        left = tokens
+        while left:
+            end = min(row + left, self.rows)
+            lo, hi = -(-row // self.stride), end // self.stride
+            if lo >= hi:
+                starts.append(row)
+                lengths.append(end - row)
+            else:
+                if lo * self.stride > row:
+                    starts.append(row)
+                    lengths.append(lo * self.stride - row)
+                lows.append(lo)
+                highs.append(hi)
+                if end > hi * self.stride:
+                    starts.append(hi * self.stride)
+                    lengths.append(end - hi * self.stride)
+            left -= end - row
+            row = 0
+
+
+def union_pass(
+    experts: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    n_experts: int,
+    scratch: np.ndarray,
+    region: PrefillRegion | None = None,
+    block_lo: np.ndarray | None = None,
+    block_hi: np.ndarray | None = None,
+    ranks: int = 1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct experts, max tokens per expert and slots of one server pass, per expert-parallel
+    rank and layer ((ranks, L) int64 each): the union of the windows (rows starts[i] ..
+    starts[i] + lengths[i] − 1) and of the prefill region's blocks [block_lo[b]·stride,
+    block_hi[b]·stride). Rank r holds experts r·E/ranks .. (r + 1)·E/ranks − 1."""
+    starts, lengths = _check_windows(experts, starts, lengths)
+    if scratch.shape != (experts.shape[1], _width(n_experts)) or scratch.dtype != np.int32:
+        raise ValueError("scratch must come from union_scratch(n_layers, n_experts)")
+    if ranks < 1 or n_experts % ranks:
+        raise ValueError(f"{n_experts} experts do not split over {ranks} ranks")
+    checkpoints = region.checkpoints if region is not None else _NO_CHECKPOINTS
+    lo = _NO_BLOCKS if block_lo is None else np.ascontiguousarray(block_lo, np.int64)
+    hi = _NO_BLOCKS if block_hi is None else np.ascontiguousarray(block_hi, np.int64)
+    out = np.empty((3, ranks, experts.shape[1]), np.int64)
+    try:
+        _union_pass(experts, n_experts, starts, lengths, checkpoints, lo, hi, ranks, scratch, out[0], out[1], out[2])
+    except ValueError:
+        scratch[:] = 0
+        raise
+    return out[0], out[1], out[2]
+
+
+_NO_CHECKPOINTS = np.zeros((1, 1, 1), np.int32)
+_NO_BLOCKS = np.zeros(0, np.int64)
 
 
 # ---- batches -----------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def _tokens_per_expert_section(trace: Trace, max_pass: int, batch: int) -> DemoS
 def _profile_section(config: DemoConfig) -> DemoSection:
     """Per-slot vs dedup time per pass size on the calibrated H200 profile (hardware profiles, issue 5)."""
     from moesim.hw_profiles import load_profile
-    from moesim.hw_profiles.compare import dedup_comparison
+    from moesim.hw_profiles.report import dedup_comparison
 
     profile = load_profile("nvidia-h200")
     preset = load_preset(config.model)

@@ -24,13 +24,13 @@ from moesim.filters import apply_filters, parse_filters
 from moesim.hw_profiles.catalog import lookup_device
 from moesim.hw_profiles.families import DenseFamily, Roofline
 from moesim.hw_profiles.fitting.dense_twins import fit_dense_twins, has_dense_twins
-from moesim.hw_profiles.fitting.family_fit import FamilyFit, expert_inputs, fit_family, solve_relative
+from moesim.hw_profiles.fitting.family_fit import CACHE_SHARE, FamilyFit, expert_inputs, fit_family, solve_relative
+from moesim.hw_profiles.fitting.ladder_fit import TransferFit, transfer_summary, with_ladder, with_whole_passes
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.measurements.table import DEVICE_NAME, load_measurements
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance, file_sha256
 
-CACHE_SHARE = 0.5
 DENSE_COMPUTE_SHARE = 0.7
 DENSE_TRANSFER = 0.10
 CACHE_NOTE = (
@@ -102,6 +102,7 @@ class FitReport:
     fits: list[FamilyFit]
     rows: int
     notes: list[str] = field(default_factory=list)
+    transfers: list[TransferFit] = field(default_factory=list)
 
     def summary(self) -> pl.DataFrame:
         """One row per family: structure, held-out and in-sample errors, ε."""
@@ -119,6 +120,10 @@ class FitReport:
             row["epsilon_%"] = 100 * h.epsilon
             rows.append(row)
         return pl.DataFrame(rows)
+
+    def transfer_summary(self) -> pl.DataFrame:
+        """Per family, the whole-pass evidence of the pass-level terms (`ladder_fit.transfer_summary`)."""
+        return transfer_summary(self.transfers)
 
     def groups(self) -> pl.DataFrame:
         """Held-out errors of each left-out group (what limits a family)."""
@@ -168,8 +173,10 @@ def fit_profile(
     device_json: str | os.PathLike[str] | None = None,
     backend: str | None = None,
     tokens_per_read: dict[str, int] | None = None,
+    passes: str | os.PathLike[str] | None = None,
 ) -> FitReport:
-    """Fit every family of a measurement table into a profile (nothing is written)."""
+    """Fit every family of a measurement table into a profile (nothing is written); with a
+    whole-pass table (`passes`), also the pass-level terms and whole-pass bounds (`ladder_fit.with_whole_passes`)."""
     table = Path(table)
     frame = apply_filters(load_measurements(table), parse_filters(filters or []), str(table))
     if device_json is None and (table.parent / DEVICE_NAME).is_file():
@@ -177,6 +184,8 @@ def fit_profile(
     measured = read_device_json(device_json) if device_json is not None else None
     device_name = measured.name if measured else (str(frame["device"][0]) if "device" in frame.columns else name)
     spec = lookup_device(device_name)
+    if backend is not None and backend not in BACKENDS:
+        raise InputError(f"--backend '{backend}': must be one of {', '.join(BACKENDS)}")
     backend = backend or (spec.backend if spec else None)
     if backend not in BACKENDS:
         raise InputError(f"device '{device_name}' is not in the catalog: give --backend ({', '.join(BACKENDS)})")
@@ -237,9 +246,13 @@ def fit_profile(
             roofline,
             sources["table"],
             (tokens_per_read or {}).get(family_name),
+            device.l2_cache_bytes,
         )
+        family, _weights = with_ladder(fit, frame.filter(pl.col("kernel") == family_name))
+        fit = dataclasses.replace(fit, family=family)
         fits.append(fit)
         section_sources[f"families.{family_name}"] = "table"
+        section_sources[f"families.{family_name}.grid"] = "table"
         field_sources[f"families.{family_name}.cache_bytes"] = "assumed-cache"
         if fit.max_requested_bandwidth_gbps > roofline.peak_bandwidth_gbps:
             notes.append(
@@ -270,6 +283,15 @@ def fit_profile(
             for key in ("assumed-dense", "assumed-pass"):
                 sources.pop(key, None)
             notes.append("dense family and fixed time per pass fitted to the dense twins (moesim.hw_profiles.fitting.dense_twins)")
+    families = {fit.family.name: fit.family for fit in fits}
+    transfers: list[TransferFit] = []
+    if passes is not None:
+        passes = Path(passes)
+        sources["passes"] = Provenance(
+            "calibrated", passes.name, file_sha256(passes), note="whole passes: the pass-level terms and the rungs' whole-pass bounds"
+        )
+        families, transfers = with_whole_passes(families, passes, "passes")
+        notes.append(f"whole passes of {passes.name}: {'; '.join(f'{t.family}: {t.transfer.note}' for t in transfers)}")
     profile = HardwareProfile(
         name=name,
         description=f"{device.name}: fitted from {table.name} ({frame.height} rows) by `moesim profile fit`",
@@ -277,14 +299,14 @@ def fit_profile(
         device=device,
         roofline=roofline,
         pass_fixed_us=pass_fixed_us,
-        expert_families={fit.family.name: fit.family for fit in fits},
+        expert_families=families,
         dense=dense,
         sources=sources,
         field_sources=field_sources,
         notes=tuple(notes),
         section_sources=section_sources,
     )
-    return FitReport(profile, fits, frame.height, notes)
+    return FitReport(profile, fits, frame.height, notes, transfers)
 
 
 def _fit_dense(rows: pl.DataFrame, source: str, assumed: DenseFamily, provenance: Provenance) -> DenseFamily:

@@ -38,6 +38,8 @@ def _scaled_family(
         family,
         hbm_bandwidth_gbps=family.hbm_bandwidth_gbps * bandwidth_scale,
         cache_bandwidth_gbps=family.cache_bandwidth_gbps * bandwidth_scale,
+        reread_bandwidth_gbps=family.reread_bandwidth_gbps * bandwidth_scale,
+        variant_bandwidth_gbps=tuple(rate * bandwidth_scale for rate in family.variant_bandwidth_gbps),
         cache_bytes=cache_bytes,
         format_bandwidth_gbps={fmt: rate * bandwidth_scale for fmt, rate in family.format_bandwidth_gbps.items()},
         compute_tflops=tuple(rate * compute_scale for rate in family.compute_tflops),
@@ -45,6 +47,12 @@ def _scaled_family(
         roofline=roofline,
         heldout_error=heldout,
         provenance=provenance,
+        # the ladder's knots, shape fits and whole-pass evidence are the base device's measurements:
+        # a scaled family predicts from its fitted rung, bounded by its ε (with the transfer)
+        grid=None,
+        shape_fits={},
+        rung_errors=None,
+        pass_transfer=None,
     )
 
 

@@ -154,6 +154,7 @@ SCALED: tuple[Scaled, ...] = (
     Scaled("nvidia-h800-sxm-vllm", "nvidia-h800-sxm", "nvidia-h200-vllm"),
     Scaled("nvidia-a800-80gb-vllm", "nvidia-a800-80gb", "nvidia-a100-80gb-vllm"),
     Scaled("nvidia-l40s-vllm", "nvidia-l40s", "nvidia-a100-80gb-vllm"),
+    Scaled("nvidia-l40-vllm", "nvidia-l40", "nvidia-a100-80gb-vllm"),
     Scaled("nvidia-rtx-6000-ada-vllm", "nvidia-rtx-6000-ada", "nvidia-a100-80gb-vllm"),
     Scaled("nvidia-rtx-4090-llamacpp", "nvidia-rtx-4090", "nvidia-rtx-3090-llamacpp", "volta-ada-hopper-blackwell"),
     Scaled("apple-m3-max-metal", "apple-m3-max", "apple-m2-ultra-metal"),

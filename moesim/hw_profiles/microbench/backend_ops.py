@@ -169,6 +169,8 @@ class BackendOpsImport:
 
 def import_backend_ops(path: Path, backend: str | None = None, per_slot_max_tokens: int | None = None, seed: int = 0) -> BackendOpsImport:
     """Rows (contract 3) for every MUL_MAT_ID case of a `test-backend-ops perf` console log."""
+    if backend is not None and backend not in LLAMACPP_BACKENDS:
+        raise InputError(f"--backend '{backend}': must be one of {', '.join(LLAMACPP_BACKENDS)}")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     try:

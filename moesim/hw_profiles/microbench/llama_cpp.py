@@ -66,7 +66,7 @@ from moesim.hw_profiles.microbench.routing import (
 from moesim.hw_profiles.microbench.table import MoeShape, TimingSummary, measurement_row
 from moesim.kernels.features import RoutingFeatures
 from moesim.machine import cpu_facts, usable_cpus
-from moesim.models import load_preset
+from moesim.models import load_target
 from moesim.tracegen.llamacpp.gguf_builder import (
     BYTE_TOKENS_START,
     MAX_VOCAB,
@@ -427,7 +427,7 @@ def _shape_provenance(
 
 def preset_shapes(models: list[str] | None, weight_format: str, overrides: dict[str, int | None]) -> list[MoeShape]:
     """The expert shapes of model presets (default deepseek-v2-lite) in a weight format, with fields overridden."""
-    return [MoeShape.from_preset(load_preset(m), weight_format).with_overrides(**overrides) for m in models or [DEFAULT_SHAPE.model]]
+    return [MoeShape.from_preset(load_target(m), weight_format).with_overrides(**overrides) for m in models or [DEFAULT_SHAPE.model]]
 
 
 def run_llamacpp_shapes(

@@ -52,7 +52,7 @@ from moesim.hw_profiles.microbench.routing import (
 )
 from moesim.hw_profiles.microbench.table import MoeShape, measurement_row, summarize_times
 from moesim.machine import cpu_facts
-from moesim.models import load_preset
+from moesim.models import load_target
 from moesim.registry import Registry
 
 DEFAULT_MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b")  # expert shapes measured when none is named
@@ -103,10 +103,10 @@ class TorchBenchConfig:
             if routing not in ROUTINGS:
                 raise ConfigError(f"torch microbench: unknown routing '{routing}' (known: {', '.join(ROUTINGS)})")
         for engine in self.engines:
-            if engine not in ENGINES:
-                raise ConfigError(f"torch microbench: {ENGINES.unknown(engine)}")
+            if engine not in TORCH_ENGINES:
+                raise ConfigError(f"torch microbench: {TORCH_ENGINES.unknown(engine)}")
         if self.dtype not in TORCH_DTYPES:
-            raise ConfigError(f"torch microbench: unknown dtype '{self.dtype}' (known: {', '.join(TORCH_DTYPES)})")
+            raise ConfigError(f"torch microbench: unknown weight format '{self.dtype}' (known: {', '.join(TORCH_DTYPES)})")
         if self.device not in ("cuda", "cpu") and not self.device.startswith("cuda:"):
             raise ConfigError(f"torch microbench: device must be cuda, cuda:N or cpu, got '{self.device}'")
 
@@ -179,7 +179,7 @@ class TorchEngine(Protocol):
         ...
 
 
-ENGINES: Registry[TorchEngine] = Registry("torch engine")
+TORCH_ENGINES: Registry[TorchEngine] = Registry("torch engine")
 
 
 def _experts_by_group(torch: Any, w: LayerWeights, rows: Any, groups: list[tuple[int, int, int]]) -> Any:
@@ -200,7 +200,7 @@ def _combine_sorted(torch: Any, x: Any, out: Any, p: DevicePass) -> Any:
     return torch.zeros_like(x).index_add_(0, p.sorted_tokens, out * p.sorted_weights[:, None])
 
 
-@ENGINES.register
+@TORCH_ENGINES.register
 class SlotGraph:
     """Per-slot: one GEMV per token slot for gate+up and one for down."""
 
@@ -214,7 +214,7 @@ class SlotGraph:
         return (out * p.slot_weights[:, None]).view(p.n_tokens, p.top_k, -1).sum(dim=1)
 
 
-@ENGINES.register
+@TORCH_ENGINES.register
 class ExpertGraph:
     """Deduplicating: one GEMM per distinct expert over its tokens."""
 
@@ -228,7 +228,7 @@ class ExpertGraph:
         return _combine_sorted(torch, x, out, p)
 
 
-@ENGINES.register
+@TORCH_ENGINES.register
 class GroupedMM:
     """Deduplicating: torch grouped_mm over expert-sorted tokens (CUTLASS on CUDA)."""
 
@@ -245,7 +245,7 @@ class GroupedMM:
         return _combine_sorted(torch, x, out, p)
 
 
-@ENGINES.register
+@TORCH_ENGINES.register
 class HFLoop:
     """Deduplicating, eager: the Hugging Face per-expert loop with host synchronisations."""
 
@@ -399,7 +399,7 @@ class _Run:
         self.device = torch.device(config.device)
         self.dtype = getattr(torch, TORCH_DTYPES[config.dtype])
         self.weights = {s.model: _random_layers(torch, s, config.layers, self.device, self.dtype) for s in shapes}
-        self.engines = {name: ENGINES.create(name) for name in config.engines}
+        self.engines = {name: TORCH_ENGINES.create(name) for name in config.engines}
         self.dropped: set[tuple[str, str]] = set()
         self.checks: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
@@ -492,7 +492,7 @@ def run_torch_microbench(
         "device": facts,
         "command": " ".join(sys.argv),
         "measured_at": time.strftime("%Y-%m-%d"),
-        "engines": {name: ENGINES.get(name).family for name in config.engines},
+        "engines": {name: TORCH_ENGINES.get(name).family for name in config.engines},
         "checks": run.checks,
         "failures": run.failures,
     }
@@ -517,5 +517,5 @@ def run_torch_microbench(
 def torch_shapes(models: Sequence[str], dtype: str) -> list[MoeShape]:
     """The routed-expert shapes of model presets (names or preset files) in a torch dtype."""
     if dtype not in TORCH_DTYPES:
-        raise ConfigError(f"torch microbench: unknown dtype '{dtype}' (known: {', '.join(TORCH_DTYPES)})")
-    return [MoeShape.from_preset(load_preset(model), dtype.upper()) for model in models]
+        raise ConfigError(f"torch microbench: unknown weight format '{dtype}' (known: {', '.join(TORCH_DTYPES)})")
+    return [MoeShape.from_preset(load_target(model), dtype.upper()) for model in models]

@@ -9,7 +9,8 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.kernels.unions import batch_lanes, batch_windows, union_features_many
+from moesim.kernels.reuse import group_features
+from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.sim.analysis.moesd import target_efficiency
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
 from moesim.sim.analysis.speculation import (
@@ -91,9 +92,9 @@ def union_pass_cost(scenario: Scenario, trace: Trace, batch: int, n: int, max_ba
     if int(lanes.length.max(initial=0)) < n:
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     offsets, starts, lengths = batch_windows(lanes, n, max_batches)
-    union = union_features_many(trace.experts, offsets, starts, lengths, trace.meta.geometry.experts)
-    cost = scenario.model.pass_cost(union.routing_features(), float(batch * scenario.context_tokens), float(batch))
-    return cost, union.distinct_experts, lanes.describe()
+    features = group_features(trace.experts, trace.meta.geometry.experts, offsets, starts, lengths)
+    cost = scenario.model.pass_cost(features, float(batch * scenario.context_tokens), float(batch))
+    return cost, features.distinct_experts, lanes.describe()
 
 
 def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[float, float, float, str]:
@@ -150,7 +151,7 @@ def batch_analysis(
         distinct_experts=np.asarray(distinct),
         extrapolation=np.asarray(factor),
         source=list(source),
-        warnings=extrapolation_warnings("batch of B =", np.asarray(factor), sizes),
+        warnings=extrapolation_warnings("batch", "B", np.asarray(factor), sizes),
         tokens_per_pass=None if tree.is_chain else float(tree.tokens_per_pass(k, np.array([alpha]))[0]),
         spec_us=None if spec is None else np.asarray(overheads),
     )

@@ -183,7 +183,7 @@ def best_draft_analysis(
         relative_cost=nominal,
         break_even=break_even,
         steps=steps,
-        warnings=extrapolation_warnings("verify pass of n =", *_distinct(costs.verify.extrapolation, costs.widths)),
+        warnings=extrapolation_warnings("verify pass", "n", *_distinct(costs.verify.extrapolation, costs.widths)),
         acceptance=tuple(p.label for p in points) if any(not p.label.startswith("alpha=") for p in points) else (),
         verify_tokens=() if tree.is_chain else tuple(int(w) for w in costs.widths),
         spec_overhead_us=tuple(float(o) for o in costs.overhead_us) if np.any(costs.overhead_us) else (),

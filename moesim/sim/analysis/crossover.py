@@ -171,5 +171,5 @@ def crossover_analysis(
         uniform_byte_share=result["uniform"][4],
         uniform_crossover_n=uniform_window.crossover_n,
         uniform_dedup_wins=uniform_window.dedup_wins,
-        warnings=extrapolation_warnings("pass of n =", factor, n),
+        warnings=extrapolation_warnings("pass", "n", factor, n),
     )

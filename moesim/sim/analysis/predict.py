@@ -34,6 +34,7 @@ class Prediction:
                 "expert_us": c.expert_us,
                 "dense_us": c.dense_us,
                 "fixed_us": np.full(self.n.shape, c.fixed_us),
+                "rung": c.rung,
                 "extrapolation": c.extrapolation,
             }
         )
@@ -43,8 +44,10 @@ class Prediction:
         return {
             "engine": self.engine,
             "passes": self.table().to_dicts(),
-            "epsilon": {"expert": self.cost.expert_epsilon, "dense": self.cost.dense_epsilon},
+            "epsilon": {"expert": float(np.max(self.cost.expert_epsilon, initial=0.0)), "dense": self.cost.dense_epsilon},
+            "bound_basis": self.cost.bound_basis,
             "provenance_share": self.cost.provenance_share(),
+            "rung_share": self.cost.rung_share(),
             "warnings": self.warnings,
         }
 
@@ -53,4 +56,4 @@ def predict(scenario: Scenario, max_pass: int = 16, sizes: list[int] | None = No
     """T(n) for n = 1..max_pass (above 64 on a grid, `pass_sizes`) or the given sizes, expected over the trace's windows."""
     n = pass_sizes(max_pass, sizes)
     cost = expected_costs(scenario, n)
-    return Prediction(scenario.model.engine, n, cost, extrapolation_warnings("pass of n =", cost.extrapolation, n))
+    return Prediction(scenario.model.engine, n, cost, extrapolation_warnings("pass", "n", cost.extrapolation, n))

@@ -16,9 +16,10 @@ from moesim.errors import InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import extrapolated
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.reuse import window_reuse_means, with_mean_reuse
 from moesim.kernels.sliding import sliding_distribution
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
-from moesim.models import ModelPreset, builtin_names, load_preset
+from moesim.models import ModelPreset, builtin_names, load_target
 from moesim.sim.cost.drafters import Drafter, make_drafter
 from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_engine
 from moesim.tracegen.formats.trace import Trace, read_trace
@@ -49,7 +50,7 @@ def preset_for_trace(trace: Trace, model: str | None) -> ModelPreset:
     g = trace.meta.geometry
     if model is None and g.model not in builtin_names("moe"):
         raise InputError(f"trace model '{g.model}' is not a built-in preset; give --model PRESET (a name, .toml or config.json)")
-    preset = load_preset(model or g.model)
+    preset = load_target(model or g.model)
     if (preset.top_k, preset.experts, preset.moe_layers) != (g.top_k, g.experts, g.moe_layers):
         raise InputError(
             f"trace of '{g.model}' routes top-{g.top_k} of {g.experts} experts in MoE layers {list(g.moe_layers)[:3]}..., "
@@ -96,19 +97,23 @@ def pass_sizes(max_pass: int, sizes: list[int] | None = None) -> np.ndarray:
 
 def window_distributions(trace: Trace, sizes: np.ndarray) -> list[tuple[RoutingFeatures, np.ndarray]]:
     """Per pass size n, every (U, M) the trace's windows of n positions take with its probability:
-    counted exactly, for n <= 64 all at once (`kernels.windows`), above one n at a time (`kernels.sliding`)."""
+    counted exactly, for n <= 64 all at once (`kernels.windows`) with the windows' mean reuse
+    features attached (`kernels.reuse.with_mean_reuse`), above one n at a time (`kernels.sliding`)."""
     longest = int(trace.seq_lengths().max())
     if int(sizes[-1]) > longest:
         raise InputError(f"pass size {int(sizes[-1])} exceeds the trace's longest sequence ({longest} positions)")
     experts = trace.meta.geometry.experts
     small = [int(n) for n in sizes if n <= MAX_PASS_LIMIT]
     summary = summarize_windows(trace.experts, trace.seq_starts, experts, max(small)) if small else None
-    return [
-        summary.feature_distribution(int(n))
-        if n <= MAX_PASS_LIMIT
-        else sliding_distribution(trace.experts, trace.seq_starts, experts, int(n))
-        for n in sizes
-    ]
+    reuse = window_reuse_means(trace.experts, trace.seq_starts, experts, max(small)) if small else None
+    out = []
+    for n in (int(n) for n in sizes):
+        if n > MAX_PASS_LIMIT:  # the counts alone: re-reads at the working-set distance
+            out.append(sliding_distribution(trace.experts, trace.seq_starts, experts, n))
+            continue
+        features, probability = summary.feature_distribution(n)  # type: ignore[union-attr]
+        out.append((with_mean_reuse(features, probability, reuse, n), probability))  # type: ignore[arg-type]
+    return out
 
 
 def expected_costs(scenario: Scenario, sizes: np.ndarray, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:
@@ -137,12 +142,27 @@ def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0) -> Trace:
     return synthesize(preset, Uniform(), tokens, seqs, seed, trace.meta.geometry.weight_format)
 
 
-def extrapolation_warnings(label: str, factor: np.ndarray, sizes: np.ndarray) -> list[str]:
-    """One warning per prediction beyond the calibrated range, with its extrapolation factor."""
-    out = []
-    for size, f in zip(np.asarray(sizes).ravel(), np.asarray(factor).ravel(), strict=True):
-        if extrapolated(f):
-            out.append(
-                f"{label} {int(size)} lies beyond the calibrated range (extrapolation factor {f:.2f}); the roofline bounds it from below"
-            )
-    return out
+def extrapolation_warnings(noun: str, symbol: str, factor: np.ndarray, sizes: np.ndarray) -> list[str]:
+    """One warning naming every prediction beyond the calibrated range ("passes of n = 1-3, 8") and its factors."""
+    pairs = zip(np.asarray(sizes).ravel(), np.asarray(factor).ravel(), strict=True)
+    flagged = [(int(size), float(f)) for size, f in pairs if extrapolated(f)]
+    if not flagged:
+        return []
+    low, high = min(f for _, f in flagged), max(f for _, f in flagged)
+    factors = f"factor {low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"factors {low:.2f}-{high:.2f}"
+    if len(flagged) == 1:
+        subject, verb, pronoun = f"{noun} of {symbol} = {flagged[0][0]}", "lies", "it"
+    else:
+        subject, verb, pronoun = f"{noun}es of {symbol} = {size_ranges([size for size, _ in flagged])}", "lie", "them"
+    return [f"{subject} {verb} beyond the calibrated range (extrapolation {factors}); the roofline bounds {pronoun} from below"]
+
+
+def size_ranges(sizes: list[int]) -> str:
+    """Sorted sizes as runs of consecutive values: [1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10'."""
+    runs: list[list[int]] = []
+    for size in sorted(set(sizes)):
+        if runs and size == runs[-1][1] + 1:
+            runs[-1][1] = size
+        else:
+            runs.append([size, size])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)

@@ -14,7 +14,8 @@ How drafters run (`mode`):
 - block: one forward over the whole block of k + 1 rows per request (DFlash);
 - lookup: host-side lookup (n-gram, suffix), a time per request and iteration, not per token.
 
-Adding a drafter is adding one class with `@DRAFTERS.register` and a `from_spec` class method.
+A bare MoE preset is a target, not a drafter (`preset:NAME` drafts with one); `eagle-head` is
+`eagle`. Adding a drafter is adding one class with `@DRAFTERS.register` and a `from_spec` class method.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from moesim.errors import ConfigError, MoesimError
+from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.hw_profiles import HardwareProfile, load_profile
 from moesim.kernels.features import uniform_distinct_experts
-from moesim.models import AttentionShape, ModelPreset, bytes_per_weight, draft_for, load_preset
+from moesim.models import PRESET_FILES, AttentionShape, ModelPreset, builtin_names, bytes_per_weight, draft_for, load_preset
 from moesim.registry import Registry
 from moesim.sim.cost.tree import TreeSpec, parse_tree
 
@@ -68,14 +69,16 @@ def draft_us(drafter: Drafter, draft_lens: np.ndarray, context_tokens: float, de
     """T_draft of a batch: draft_lens[i] tokens for request i (0: it does not speculate), by the drafter's mode."""
     lens = np.asarray(draft_lens)
     steps = int(lens.max(initial=0))
+    if not steps:
+        return 0.0
     if drafter.mode == "lookup":
-        return drafter.step_us(int(np.count_nonzero(lens)), int(np.count_nonzero(lens)), context_tokens, dense_us) if steps else 0.0
+        return drafter.step_us(int(np.count_nonzero(lens)), int(np.count_nonzero(lens)), context_tokens, dense_us)
     if drafter.mode == "block":
         drafting = lens[lens > 0]
-        return drafter.step_us(int(drafting.sum() + drafting.size), int(drafting.size), context_tokens, dense_us) if steps else 0.0
+        return drafter.step_us(int(drafting.sum() + drafting.size), int(drafting.size), context_tokens, dense_us)
     if drafter.tree.is_chain or drafter.mode == "heads":
-        counts = [int(np.count_nonzero(lens > s)) for s in range(steps)]
-        return float(sum(drafter.step_us(c, c, context_tokens, dense_us) for c in counts))
+        counts = lens.size - np.cumsum(np.bincount(lens, minlength=steps))[:steps]  # requests with a draft longer than s, s = 0..steps-1
+        return float(sum(drafter.step_us(int(c), int(c), context_tokens, dense_us) for c in counts))
     rows = {int(k): drafter.tree.draft_rows(int(k)) for k in np.unique(lens) if k > 0}
     total = 0.0
     for s in range(steps):
@@ -109,13 +112,14 @@ def routed_step(model: ModelPreset, rows: int, moe_layers: int, weight_format: s
 @DRAFTERS.register
 @dataclass(frozen=True)
 class DenseModelDrafter:
-    """A separate draft model (a dense or MoE preset such as qwen3-0.6b, or an EAGLE-style head
-    resolved against its target: one decoder layer plus the target's LM head) on the target's
-    device profile or, with `device=PROFILE`, on another device."""
+    """A separate draft model (a dense preset such as qwen3-0.6b, an EAGLE-style head such as
+    eagle-head resolved against its target: one decoder layer plus the target's LM head, or with
+    `preset:NAME` a MoE preset) on the target's device profile or, with `device=PROFILE`, on
+    another device."""
 
     name: ClassVar[str] = "preset"
     provenance: ClassVar[str] = "profile"
-    usage: ClassVar[str] = "a dense or MoE preset"
+    usage: ClassVar[str] = "preset:NAME"
     mode: ClassVar[str] = "autoregressive"
     model: ModelPreset
     device: HardwareProfile | None = None
@@ -123,8 +127,23 @@ class DenseModelDrafter:
 
     @classmethod
     def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
-        """`preset:NAME` or just NAME: a dense or MoE preset by name or file."""
-        return cls(load_preset(argument))
+        """`preset:NAME`: a dense or MoE preset or a draft head by name, or a preset file."""
+        return cls.named(spec, argument, target, moe=True)
+
+    @classmethod
+    def named(cls, spec: str, argument: str, target: ModelPreset, moe: bool = False) -> Drafter:
+        """A dense preset or a draft head by name, or a dense preset file; a MoE preset only with `moe`
+        (a bare MoE name is a target: one line naming the drafters)."""
+        if argument not in builtin_names() and not argument.endswith((".toml", ".json")):
+            raise ConfigError(f"unknown drafter '{spec}' (known: {drafter_choices()})")
+        if argument in builtin_names("moe") and not moe:
+            raise ConfigError(
+                f"drafter '{spec}' is a MoE target, not a draft model (drafters: {drafter_choices()}; a MoE draft model: preset:{argument})"
+            )
+        try:
+            return cls(load_preset(argument) if moe and argument not in builtin_names("eagle") else draft_for(argument, target))
+        except InputError as exc:
+            raise ConfigError(f"drafter '{spec}': {exc}") from None
 
     def step_us(self, rows: int, requests: int, context_tokens: float, dense_us: DenseTime) -> float:
         """The draft model's decode step through the dense family (its own device's with `device`)."""
@@ -376,6 +395,12 @@ class SuffixDrafter(NgramDrafter):
     usage: ClassVar[str] = "suffix[:US]"
 
 
+def drafter_choices() -> str:
+    """What a drafter spec may name, as an error lists it."""
+    named = [DRAFTERS.get(name).usage for name in DRAFTERS if name != DenseModelDrafter.name]
+    return ", ".join([*named, *builtin_names("eagle"), *builtin_names("dense")]) + f"; or a dense model as {PRESET_FILES}"
+
+
 def split_options(spec: str) -> tuple[str, dict[str, str]]:
     """'eagle3:32000,topk=4,tokens=8' -> ('eagle3:32000', {'topk': '4', 'tokens': '8'}); commas inside [...] stay."""
     parts, depth, start = [], 0, 0
@@ -413,17 +438,9 @@ def make_drafter(spec: str, target: ModelPreset, weight_format: str | None = Non
     if unknown:
         raise ConfigError(f"drafter '{spec}': unknown option '{unknown[0]}' (known: topk, tokens, paths, device)")
     name, _, argument = base.partition(":")
-    if name in ("eagle-head",):
+    if name == "eagle-head":
         name = "eagle"  # the preset's name in the README's list
-    try:
-        drafter = (
-            DRAFTERS.get(name).from_spec(spec, argument, target) if name in DRAFTERS else DenseModelDrafter.from_spec(spec, base, target)
-        )
-    except ConfigError:
-        raise
-    except MoesimError as exc:  # an unknown preset: say which drafters there are
-        others = ", ".join(DRAFTERS.get(n).usage for n in DRAFTERS if n != DenseModelDrafter.name)
-        raise ConfigError(f"drafter '{spec}': {exc} (drafters: {others}, or a dense or MoE preset)") from None
+    drafter = DRAFTERS.get(name).from_spec(spec, argument, target) if name in DRAFTERS else DenseModelDrafter.named(spec, base, target)
     tree = parse_tree(",".join(f"{k}={v}" for k, v in options.items() if k != "device"))
     if drafter.mode == "block" and not tree.is_chain:
         raise ConfigError(f"drafter '{spec}': {drafter.name} drafts one block, a chain (no topk, tokens or paths)")

@@ -1,9 +1,10 @@
 """What the simulator asks of a cost model, and the simplest one: a table of pass times by size.
 
 The SimPy server never counts bytes: it asks a `BatchCostModel` for the time of each verify
-pass, each drafting step and each prefill. The trace-driven implementation (the step-time
-model applied to the union of the batch's windows in the trace) lives in `moesim.sim.cost.steptime`;
-`TablePassCost` serves closed-form checks and precomputed-cost runs.
+pass, each drafting step and each prefill, or of a mixed pass (decode and verify tokens beside
+prefill chunks). The trace-driven implementation (the step-time model applied to the union of
+the batch's windows in the trace) lives in `moesim.sim.cost.trace_batch`; `TablePassCost` serves
+closed-form checks and precomputed-cost runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,27 @@ from typing import Protocol
 import numpy as np
 
 from moesim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PrefillChunks:
+    """The prefill chunks of a mixed pass: chunk j prefills tokens[j] prompt positions from position
+    starts[j] of a request decoding trace sequence seqs[j]; it attends to its prompt so far."""
+
+    seqs: np.ndarray
+    starts: np.ndarray
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def context(self) -> float:
+        """Positions the chunks attend to: each chunk's last position, summed."""
+        return float((self.starts + self.tokens).sum())
+
+
+NO_CHUNKS = PrefillChunks(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 class BatchCostModel(Protocol):
@@ -30,6 +52,12 @@ class BatchCostModel(Protocol):
 
     def prefill_us(self, prompt_tokens: int) -> float:
         """Prefill of one request's prompt."""
+        ...
+
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
+        """One target pass verifying the windows (as `verify_us`) and prefilling the chunks (chunked prefill beside decode)."""
         ...
 
 
@@ -70,3 +98,9 @@ class TablePassCost:
     def prefill_us(self, prompt_tokens: int) -> float:
         """Linear in prompt tokens."""
         return self.prefill_us_per_token * prompt_tokens
+
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
+        """Looked up by the pass's total tokens, verified and prefilled."""
+        return self.pass_us(int(np.sum(n_tokens)) + int(np.sum(chunks.tokens)))

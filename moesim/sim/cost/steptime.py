@@ -5,7 +5,11 @@
               + fixed time per pass.
 
 The expert term comes from the profile's fitted family (`per_slot`, a `dedup*` family, or the
-cheapest of them: engine `best`); the dense term from the profile's `dense` family. Every
+cheapest of them: engine `best`); the dense term from the profile's `dense` family. Over several
+devices (`moesim.sim.cost.parallel`) the times are one device's: tensor parallelism divides the
+dense bytes and FLOPs and each expert's intermediate width by G, expert parallelism keeps the
+experts whole on their rank and costs each MoE layer at its slowest rank, and the pass adds its
+collectives. A dense target (no experts) has the dense and fixed terms only. Every
 prediction keeps its parts apart so that each family's held-out error ε propagates into an
 interval, and so that the share of time resting on calibrated vs datasheet or assumed numbers
 can be stated.
@@ -20,9 +24,12 @@ from functools import cached_property
 import numpy as np
 
 from moesim.errors import InputError
+from moesim.hw_profiles.families import ExpertFamily, ExpertInputs, LayerSum
+from moesim.hw_profiles.ladder.rungs import RUNGS, worst_rung
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
-from moesim.models import ModelPreset
+from moesim.models import ExpertShape, ModelPreset
+from moesim.sim.cost.parallel import Parallelism
 
 BEST = "best"
 DISPATCH = "dispatch"  # the engine's own kernel choice per pass size (engine profiles with a [dispatch] table)
@@ -33,6 +40,7 @@ DENSE_KERNELS_PER_LAYER = 8
 SIGNS = (-1.0, 1.0)
 ERROR_BOX_CORNERS = tuple(itertools.product(SIGNS, SIGNS))  # (expert sign, dense sign) of each corner
 TIME_TABLES_KEPT = 256  # (family, tokens) layer-time tables the simulator's fast path keeps
+TABLE_AFTER_PASSES = 32  # a pass size gets its (U, M) tables once this many passes of it were costed
 
 
 def check_engine(profile: HardwareProfile, engine: str) -> str:
@@ -63,12 +71,14 @@ class PassCost:
     expert_us: np.ndarray
     dense_us: np.ndarray
     fixed_us: float
-    expert_epsilon: float
+    expert_epsilon: np.ndarray
     dense_epsilon: float
     family: np.ndarray
     extrapolation: np.ndarray
     provenance_us: dict[str, np.ndarray] = field(default_factory=dict)
     expert_by_family_us: dict[str, np.ndarray] = field(default_factory=dict)
+    rung_us: np.ndarray = field(default_factory=lambda: np.zeros((0, len(RUNGS))))  # (..., 4): expert time per rung
+    bound_basis: str = "one-layer fit"
 
     def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0) -> np.ndarray:
         """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + fixed."""
@@ -93,6 +103,17 @@ class PassCost:
         total = float(np.sum(self.total_us()))
         return {kind: float(np.sum(us)) / total for kind, us in self.provenance_us.items()} if total > 0 else {}
 
+    def rung_share(self) -> dict[str, float]:
+        """Share of the summed expert time produced by each rung of the lookup ladder (sums to 1)."""
+        per_rung = self.rung_us.reshape(-1, len(RUNGS)).sum(axis=0)
+        total = float(per_rung.sum())
+        return {rung: float(us) / total for rung, us in zip(RUNGS, per_rung, strict=True)} if total > 0 else {}
+
+    @property
+    def rung(self) -> np.ndarray:
+        """Per pass, the lowest rung any of its expert time needed."""
+        return worst_rung(self.rung_us)
+
 
 @dataclass(frozen=True)
 class StepTimeModel:
@@ -103,15 +124,28 @@ class StepTimeModel:
     engine: str = "per_slot"
     weight_format: str = ""
     kv_bytes_per_element: float = 2.0
+    parallel: Parallelism = field(default_factory=Parallelism)
 
     def __post_init__(self) -> None:
-        if self.preset.kind != "moe":
-            raise InputError(f"model '{self.preset.name}' has no experts; the step-time model needs a MoE target")
         check_engine(self.profile, self.engine)
         if not self.weight_format:
             object.__setattr__(self, "weight_format", self.preset.default_format)
         if self.engine == DISPATCH and not self.families:
             raise InputError(f"profile '{self.profile.name}': the engine's dispatch has no kernel for weight format {self.weight_format}")
+        self.parallel.check(self.preset)
+
+    def _require_experts(self) -> None:
+        if self.preset.kind != "moe":
+            raise InputError(f"model '{self.preset.name}' has no experts; routing features do not apply to it")
+
+    @cached_property
+    def expert_shape(self) -> ExpertShape:
+        """One device's share of a routed expert: the whole expert (one device, or expert
+        parallel), or its intermediate columns split over the tensor-parallel devices."""
+        shape = self.preset.expert_shape(self.weight_format)
+        if self.parallel.devices == 1 or self.parallel.expert_parallel:
+            return shape
+        return ExpertShape(shape.hidden, -(-shape.intermediate // self.parallel.devices), shape.weight_format)
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -125,6 +159,19 @@ class StepTimeModel:
         p = self.preset
         return self.profile.dispatch.family_for(self.weight_format, n_tokens, p.experts, p.top_k)  # type: ignore[union-attr]
 
+    def _pass_families(self, n_tokens: int) -> tuple[str, ...]:
+        """The families a pass of n tokens may take: the dispatched one, else the engine's (all for `best`)."""
+        if self.engine != DISPATCH:
+            return self.families
+        names = self._dispatched_families.get(n_tokens)
+        if names is None:
+            names = self._dispatched_families[n_tokens] = (str(self.dispatched(n_tokens)),)
+        return names
+
+    @cached_property
+    def _dispatched_families(self) -> dict[int, tuple[str, ...]]:
+        return {}
+
     def dense_family_us(self, bytes_read: float, flops: float) -> float:
         """The profile's dense family for one kernel's bytes and FLOPs (drafters run through it)."""
         return float(self.profile.dense.time_us(bytes_read, flops))
@@ -136,7 +183,7 @@ class StepTimeModel:
         weights read once per pass plus every request's KV (`bandwidth_gbps`), 2·params FLOPs per
         token (`tflops`), and where the profile prices them, attention's FLOPs: each of a
         sequence's tokens against the sequence's context, (tokens / sequences) · context summed
-        over sequences (`attention_tflops`)."""
+        over sequences (`attention_tflops`); one device's share over several."""
         weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
         dense = self.profile.dense
         parts = {
@@ -147,19 +194,26 @@ class StepTimeModel:
         if np.isfinite(dense.attention_tflops):
             per_sequence = np.asarray(total_tokens, np.float64) / np.asarray(sequences, np.float64)
             flops = self.preset.attention_flops_per_context_token() * per_sequence * np.asarray(context_tokens, np.float64)
-            parts["attention_tflops"] = dense.attention_us(flops)
+            parts["attention_tflops"] = dense.attention_us(flops / self.parallel.devices)
         return parts
 
     @cached_property
     def _dense_inputs(self) -> tuple[float, float, float, int]:
-        """Non-expert weight bytes, KV bytes per context token (all layers), non-expert params, dense kernels per pass."""
+        """One device's non-expert weight bytes, KV bytes per context token (all layers) and
+        non-expert params (their 1/G share over G tensor-parallel devices), dense kernels per pass."""
         p = self.preset
+        devices = self.parallel.devices
+        kv = self.parallel.kv_bytes_per_token(p, self.kv_bytes_per_element)
         return (
-            p.non_expert_bytes_per_token(self.weight_format),
-            p.kv_cache_bytes_per_token(self.kv_bytes_per_element),
-            float(p.non_expert_params_per_token()),
+            p.non_expert_bytes_per_token(self.weight_format) / devices,
+            kv,
+            float(p.non_expert_params_per_token()) / devices,
             DENSE_KERNELS_PER_LAYER * p.layers,
         )
+
+    def comm_us(self, n_tokens: float) -> float:
+        """The pass's collectives over the devices (0 on one device)."""
+        return self.parallel.comm_us(self.preset, n_tokens)
 
     def dense_us(self, total_tokens: np.ndarray, context_tokens: np.ndarray | float) -> np.ndarray:
         """Dense-family time of one pass: launches + weights and KV / bandwidth + FLOPs / rate."""
@@ -168,33 +222,78 @@ class StepTimeModel:
     def pass_cost(self, features: RoutingFeatures, context_tokens: np.ndarray | float = 0.0, sequences: float = 1.0) -> PassCost:
         """Pass times for features shaped (..., MoE layers): one union of windows per pass, e.g. a
         batch's verify pass; `context_tokens` is the KV length summed over the pass's `sequences`."""
+        self._require_experts()
         n_layers = len(self.preset.moe_layers)
         if features.shape[-1] != n_layers:
             raise InputError(f"features cover {features.shape[-1]} MoE layers, model '{self.preset.name}' has {n_layers}")
-        shape = self.preset.expert_shape(self.weight_format)
-        expert_us, extrapolation = {}, {}
+        shape = self.expert_shape
+        sums = {}
         for name in self.families:
-            family = self.profile.expert_family(name)
-            expert_us[name] = family.time_us(features, shape).sum(axis=-1)
-            extrapolation[name] = family.extrapolation_factor(features, shape).max(axis=-1)
-        return self.assemble(expert_us, extrapolation, features.n_tokens[..., 0], context_tokens, sequences)
+            family = self.profile.expert_family(name).for_format(shape.weight_format)
+            sums[name] = family.sum_layers(ExpertInputs.of(features, shape), whole_pass=True)
+        return self.assemble(sums, features.n_tokens[..., 0], context_tokens, sequences)
 
     def pass_time_us(self, features: RoutingFeatures, context_tokens: float, sequences: float = 1.0) -> float:
         """The nominal time of one pass (features shaped (MoE layers,), integer counts as the union
-        counters give them): the simulator's per-iteration call, without intervals, extrapolation
-        factors or provenance. Layer times are looked up in tables of every (U, M) for the pass's
-        token count (`layer_time_table`), the same numbers `time_us` gives, without its per-call cost."""
+        counters give them) of `sequences` requests: the simulator's per-iteration call, without
+        intervals, extrapolation factors or provenance (`counts_pass_us`)."""
         n_tokens = int(features.n_tokens.flat[0])
-        distinct = features.distinct_experts.astype(np.intp)
-        most = features.max_tokens_per_expert.astype(np.intp)
-        names = (str(self.dispatched(n_tokens)),) if self.engine == DISPATCH else self.families
-        expert = min(float(self.layer_time_table(name, n_tokens)[distinct, most].sum()) for name in names)
+        return self.counts_pass_us(n_tokens, features.distinct_experts, features.max_tokens_per_expert, context_tokens, sequences)
+
+    def counts_pass_us(self, n_tokens: int, distinct: np.ndarray, most: np.ndarray, context_tokens: float, sequences: float = 1.0) -> float:
+        """`pass_time_us` from the per-layer distinct experts and max tokens per expert of a pass of
+        n tokens. A pass size seen TABLE_AFTER_PASSES times gets tables of every (U, M)
+        (`layer_time_table`) and is looked up in them; rarer sizes are evaluated in one compiled
+        call per family (`ExpertFamily.fast_time_us`): the same numbers either way (tested)."""
+        names = self._pass_families(n_tokens)
+        if (names[0], n_tokens) not in self._time_tables:
+            seen = self._pass_sizes_seen.get(n_tokens, 0) + 1
+            self._pass_sizes_seen[n_tokens] = seen
+            if seen < TABLE_AFTER_PASSES:
+                slots = np.full(np.shape(distinct), float(n_tokens * self.preset.top_k))
+                families, shape = self.profile.expert_families, self.expert_shape
+                k = self.preset.top_k
+                expert = min(float(families[name].fast_time_us(slots, distinct, most, shape, k).sum()) for name in names)
+                return self._plus_dense(expert, n_tokens, context_tokens, sequences)
+        u = np.asarray(distinct).astype(np.intp)
+        m = np.asarray(most).astype(np.intp)
+        expert = min(float(self.layer_time_table(name, n_tokens)[u, m].sum()) for name in names)
+        return self._plus_dense(expert, n_tokens, context_tokens, sequences)
+
+    @cached_property
+    def _pass_sizes_seen(self) -> dict[int, int]:
+        return {}
+
+    def _plus_dense(self, expert_us: float, n_tokens: float, context_tokens: float, sequences: float) -> float:
+        """A pass's expert time plus its dense part (attention's FLOPs where the profile prices
+        them), fixed time and, over several devices, collectives."""
         weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
         dense = float(self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * n_tokens, kernels))
         if np.isfinite(self.profile.dense.attention_tflops):
             flops = self.preset.attention_flops_per_context_token() * n_tokens / sequences * context_tokens
-            dense += float(self.profile.dense.attention_us(flops))
-        return expert + dense + self.profile.pass_fixed_us
+            dense += float(self.profile.dense.attention_us(flops / self.parallel.devices))
+        total = expert_us + dense + self.profile.pass_fixed_us
+        return total + self.comm_us(n_tokens) if self.parallel.devices > 1 else total
+
+    def dense_pass_us(self, n_tokens: float, context_tokens: float, sequences: float = 1.0) -> float:
+        """A pass of a dense target (no experts) of `sequences` requests: dense family + fixed time + collectives."""
+        return self._plus_dense(0.0, n_tokens, context_tokens, sequences)
+
+    def rank_pass_us(
+        self, distinct: np.ndarray, most: np.ndarray, slots: np.ndarray, n_tokens: int, context_tokens: float, sequences: float = 1.0
+    ) -> float:
+        """A pass from per-rank features ((ranks, MoE layers) arrays of distinct experts, max
+        tokens per expert and slots, `moesim.kernels.unions.union_pass`: a mixed pass of chunked
+        prefill, or expert parallel): each layer costs its slowest rank, each family evaluated in
+        one compiled call (`ExpertFamily.fast_layers_us`: `time_us` per rank and layer)."""
+        if np.shape(distinct)[0] == 1:  # one rank: a pass of n tokens like any other (its tables once frequent)
+            return self.counts_pass_us(n_tokens, np.asarray(distinct)[0], np.asarray(most)[0], context_tokens, sequences)
+        shape = self.expert_shape
+        families = self.profile.expert_families
+        arrays = [np.ascontiguousarray(a, np.float64) for a in (slots, distinct, most)]
+        k = self.preset.top_k
+        expert = min(families[name].fast_layers_us(*arrays, shape, k) for name in self._pass_families(n_tokens))
+        return self._plus_dense(expert, n_tokens, context_tokens, sequences)
 
     def layer_time_table(self, family: str, n_tokens: int) -> np.ndarray:
         """time_us of one MoE layer for every distinct-expert count U = 0..E and max tokens per
@@ -206,7 +305,7 @@ class StepTimeModel:
             distinct = np.arange(p.experts + 1, dtype=np.float64)[:, None]
             most = np.arange(n_tokens + 1, dtype=np.float64)[None, :]
             features = RoutingFeatures(np.float64(n_tokens), np.float64(n_tokens * p.top_k), distinct, most)
-            table = self.profile.expert_family(family).time_us(features, p.expert_shape(self.weight_format))
+            table = self.profile.expert_family(family).time_us(features, self.expert_shape)
             if len(self._time_tables) >= TIME_TABLES_KEPT:
                 self._time_tables.clear()
             self._time_tables[key] = table
@@ -222,26 +321,29 @@ class StepTimeModel:
         """Expected pass times over windows, one per pass size: `distributions[i]` lists every
         per-layer feature value of pass size i with its probability (pooled over MoE layers, so
         the expected expert time is layers · Σ p·time_us)."""
+        self._require_experts()
         n_layers = len(self.preset.moe_layers)
-        shape = self.preset.expert_shape(self.weight_format)
-        expert_us, extrapolation = {}, {}
+        shape = self.expert_shape
+        sums = {}
         for name in self.families:
-            family = self.profile.expert_family(name)
-            expert_us[name] = np.array([n_layers * float(p @ family.time_us(f, shape)) for f, p in distributions])
-            extrapolation[name] = np.array([float(family.extrapolation_factor(f, shape)[p > 0].max(initial=1.0)) for f, p in distributions])
+            family = self.profile.expert_family(name).for_format(shape.weight_format)
+            weighted = [_expected(family, ExpertInputs.of(f, shape), p) for f, p in distributions]
+            summed = LayerSum(
+                n_layers * np.array([w.time_us for w in weighted]),
+                n_layers * np.array([w.low_us for w in weighted]),
+                n_layers * np.array([w.high_us for w in weighted]),
+                n_layers * np.stack([w.rung_us for w in weighted]),
+                np.array([float(w.extrapolation) for w in weighted]),
+            )
+            sums[name] = family.transferred(summed, n_layers)
         tokens = np.array([float(f.n_tokens.flat[0]) for f, _ in distributions])
-        return self.assemble(expert_us, extrapolation, tokens, context_tokens, sequences)
+        return self.assemble(sums, tokens, context_tokens, sequences)
 
     def assemble(
-        self,
-        expert_us: dict[str, np.ndarray],
-        extrapolation: dict[str, np.ndarray],
-        total_tokens: np.ndarray,
-        context_tokens: np.ndarray | float,
-        sequences: float = 1.0,
+        self, sums: dict[str, LayerSum], total_tokens: np.ndarray, context_tokens: np.ndarray | float, sequences: float = 1.0
     ) -> PassCost:
         """Choose the family (the engine's, the dispatched one, or the cheapest for `best`), add dense and fixed time."""
-        per_family = np.stack([expert_us[name] for name in self.families])
+        per_family = np.stack([sums[name].time_us for name in self.families])
         if self.engine == DISPATCH:
             index = {name: i for i, name in enumerate(self.families)}
             dispatched = self.dispatched(np.broadcast_to(total_tokens, per_family.shape[1:]))
@@ -252,19 +354,28 @@ class StepTimeModel:
         dense_parts = self.dense_parts_us(total_tokens, np.broadcast_to(context_tokens, np.shape(total_tokens)), sequences)
         dense = sum(dense_parts.values())
         factor = np.ones(expert.shape)
-        epsilon = 0.0
+        epsilon = np.zeros(expert.shape)
+        rung_us = np.zeros((*expert.shape, len(RUNGS)))
         by_kind: dict[str, np.ndarray] = {}
+        bases = []
         for i, name in enumerate(self.families):
             family = self.profile.expert_family(name)
             chosen = choice == i
-            factor = np.where(chosen, extrapolation[name], factor)
+            factor = np.where(chosen, sums[name].extrapolation, factor)
+            epsilon = np.where(chosen, sums[name].epsilon, epsilon)
+            rung_us = np.where(chosen[..., None], sums[name].rung_us, rung_us)
             if chosen.any():
-                epsilon = max(epsilon, finite_or_zero(family.heldout_error.epsilon))
+                bases.append(family.bound_basis)
             kind = family.provenance.kind
             by_kind[kind] = by_kind.get(kind, 0.0) + np.where(chosen, expert, 0.0)
         for part, us in dense_parts.items():
             kind = self.profile.provenance_of(f"families.dense.{part}").kind
             by_kind[kind] = by_kind.get(kind, 0.0) + us
+        if self.parallel.devices > 1:  # the collectives, on the link's numbers
+            comm = self.comm_us(np.asarray(total_tokens, np.float64))
+            dense = dense + comm
+            kind = self.parallel.link.kind  # type: ignore[union-attr]
+            by_kind[kind] = by_kind.get(kind, 0.0) + comm
         fixed_kind = self.profile.provenance_of("pass.fixed_us").kind
         by_kind[fixed_kind] = by_kind.get(fixed_kind, 0.0) + self.profile.pass_fixed_us
         return PassCost(
@@ -276,8 +387,21 @@ class StepTimeModel:
             family=np.asarray(self.families)[choice],
             extrapolation=factor,
             provenance_us=by_kind,
-            expert_by_family_us=expert_us,
+            expert_by_family_us={name: sums[name].time_us for name in self.families},
+            rung_us=rung_us,
+            bound_basis="; ".join(dict.fromkeys(bases)) or "one-layer fit",
         )
+
+
+def _expected(family: ExpertFamily, x: ExpertInputs, probability: np.ndarray) -> LayerSum:
+    """One layer of a whole pass: its expected time over a distribution of features (cells with probabilities)."""
+    look = family.inputs_lookup(x, whole_pass=True)
+    factor = float(family.calibrated_range.factor(x)[probability > 0].max(initial=1.0))
+    weighted = probability * look.time_us
+    spread = float(np.sum(weighted * np.where(np.isfinite(look.epsilon), look.epsilon, 0.0)))
+    time = float(np.sum(weighted))
+    rung_us = np.array([float(np.sum(np.where(look.rung == r, weighted, 0.0))) for r in range(len(RUNGS))])
+    return LayerSum(np.float64(time), np.float64(time - spread), np.float64(time + spread), rung_us, np.float64(factor))
 
 
 def finite_or_zero(value: float) -> float:

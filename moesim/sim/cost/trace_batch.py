@@ -1,31 +1,96 @@
 """The trace-driven cost model of the simulator: each verify pass costs the step-time model applied
-to the routing features of the union of the batch's windows in the trace (a `BatchCostModel`).
+to the routing features of the union of the batch's windows in the trace (a `BatchCostModel`);
+and the cost model of a dense target, which needs no trace (`DenseBatchCost`).
 
 Prefill (a stated model): a prompt of P tokens runs as ceil(P / chunk) passes of `chunk` tokens
 (chunk = `prefill_chunk`, at most the length of the trace's first sequence); each is costed as
 a pass over the first positions of the trace's first sequence (real routing of that many
 tokens), at the context already prefilled.
 
+Mixed passes (chunked prefill beside decode): the union of the decode windows and of every
+prefill chunk's tokens. A chunk's prompt positions route like rows of the trace's *prefill
+region* (its first ≤ 4096 rows, `moesim.kernels.unions.PrefillRegion`): position p of a request
+decoding sequence s reads region row (first row of s + p) mod R, so requests sharing a sequence
+share their prompt's routing, as they share its text. A chunk attends to its prompt so far (its
+context is its last position). Over expert-parallel ranks every pass goes through the union
+of the windows and chunks per rank (`union_pass`).
+
 A draft tree (`widths`, the verify width at each draft length k) verifies that many consecutive
 positions of the request's trace sequence from its position: the routing of a tree's sibling
 branches is taken from the trace's next positions (they share their prefix's context), not drawn.
 A profile with a spec path (`[speculative]`) adds its `pass_us` to every target forward (verify,
-plain decode, prefill chunk) and its overhead O(steps, verified tokens) to every iteration that drafts.
+plain decode, prefill chunk, mixed pass) and its overhead O(steps, verified tokens) to every
+iteration that drafts.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from moesim.errors import InputError
 from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.unions import union_features, union_scratch
-from moesim.sim.cost.drafters import Drafter, draft_steps, draft_us
+from moesim.kernels.unions import PrefillRegion, union_features, union_pass, union_scratch
+from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_steps, draft_us
+from moesim.sim.cost.pass_table import NO_CHUNKS, PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.trace import Trace
+
+
+@dataclass
+class _Drafting:
+    """Drafting, the spec path's terms and the non-mixed prefill, shared by the trace-driven and the
+    dense cost models."""
+
+    model: StepTimeModel
+    drafter: Drafter
+    prefill_chunk: int
+    widths: tuple[int, ...]
+    _prefill_pass_us: dict[tuple[int, int], float]
+
+    @property
+    def free(self) -> bool:
+        """A drafter of no cost (n-gram lookup): every draft costs 0 µs."""
+        return isinstance(self.drafter, FixedDrafter) and self.drafter.step_time_us == 0.0
+
+    @property
+    def pass_us(self) -> float:
+        """The engine's time per target forward beyond the profile's families (its spec path's pass_us; 0 without one)."""
+        spec = self.model.profile.speculative
+        return spec.pass_us if spec is not None else 0.0
+
+    def verify_tokens(self, n_tokens: np.ndarray) -> np.ndarray:
+        """Tokens each request verifies: its tree's width at its draft length n − 1 (n without a tree)."""
+        return np.asarray(self.widths, np.int64)[np.asarray(n_tokens, np.int64) - 1] if self.widths else n_tokens
+
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """The drafter's steps for the batch, at the batch's mean context, and the spec path's
+        overhead O of the iteration (its steps, every verified token of the batch)."""
+        lens = np.asarray(draft_lens)
+        if not np.any(lens > 0):
+            return 0.0
+        context = float(context_tokens.sum()) / context_tokens.size
+        drafted = 0.0 if self.free else draft_us(self.drafter, lens, context, self.model.dense_family_us)
+        spec = self.model.profile.speculative
+        if spec is None:
+            return drafted
+        verified = int(np.sum(np.asarray(self.widths)[lens])) if self.widths else int(np.sum(lens + 1))
+        return drafted + spec.overhead_us(draft_steps(self.drafter, int(lens.max())), verified)
+
+    def chunked_prefill_us(self, prompt_tokens: int, chunk: int, pass_us: Callable[[int, int], float]) -> float:
+        """ceil(P / chunk) passes of at most `chunk` tokens at the context already prefilled."""
+        total, done = 0.0, 0
+        for _ in range(math.ceil(max(prompt_tokens, 0) / chunk)):
+            tokens = min(chunk, prompt_tokens - done)
+            key = (tokens, done)
+            if key not in self._prefill_pass_us:
+                self._prefill_pass_us[key] = pass_us(tokens, done)
+            total += self._prefill_pass_us[key]
+            done += tokens
+        return total
 
 
 @dataclass
@@ -40,7 +105,8 @@ class TraceBatchCost:
     last_distinct_experts: float = field(default=0.0, init=False)
     _scratch: np.ndarray = field(init=False, repr=False)
     _seq_starts: np.ndarray = field(init=False, repr=False)
-    _prefill_pass_us: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
+    _drafting: _Drafting = field(init=False, repr=False)
+    _region: PrefillRegion | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         g = self.trace.meta.geometry
@@ -52,6 +118,7 @@ class TraceBatchCost:
             raise InputError(f"prefill chunk must be >= 1 token, got {self.prefill_chunk}")
         self._scratch = union_scratch(len(g.moe_layers), g.experts)
         self._seq_starts = self.trace.seq_starts
+        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, self.widths, {})
 
     def features(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray) -> RoutingFeatures:
         """Routing features (per MoE layer) of the union of windows [starts[i], starts[i] + n_tokens[i]) of sequences seqs[i]."""
@@ -61,50 +128,117 @@ class TraceBatchCost:
         total = float(lengths.sum())
         return RoutingFeatures(np.float64(total), np.float64(total * self.model.preset.top_k), distinct, most)
 
+    def _tree_windows(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """With a draft tree, each request's window is its tree's width, kept inside its sequence."""
+        if not self.widths:
+            return starts, n_tokens
+        seqs = np.asarray(seqs, np.int64)
+        n_tokens = self._drafting.verify_tokens(n_tokens)
+        room = self._seq_starts[seqs + 1] - self._seq_starts[seqs] - n_tokens
+        return np.clip(np.asarray(starts, np.int64), 0, np.maximum(room, 0)), n_tokens
+
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """One pass of the whole batch; remembers the mean distinct experts per layer of the union. With
-        a draft tree each request verifies its tree's width (its window kept inside its sequence); the
-        profile's spec path adds the engine's pass_us."""
-        if self.widths:
-            seqs = np.asarray(seqs, np.int64)
-            n_tokens = np.asarray(self.widths, np.int64)[np.asarray(n_tokens, np.int64) - 1]
-            room = self._seq_starts[seqs + 1] - self._seq_starts[seqs] - n_tokens
-            starts = np.clip(np.asarray(starts, np.int64), 0, np.maximum(room, 0))
-        features = self.features(seqs, starts, n_tokens)
-        self.last_distinct_experts = float(np.mean(features.distinct_experts))
-        return self.model.pass_time_us(features, float(np.sum(context_tokens)), float(np.size(context_tokens))) + self._pass_us
+        a draft tree each request verifies its tree's width; the profile's spec path adds its pass_us."""
+        if self.model.parallel.ranks > 1:
+            return self.mixed_us(seqs, starts, n_tokens, context_tokens, NO_CHUNKS)
+        starts, n_tokens = self._tree_windows(seqs, starts, n_tokens)
+        rows = self._seq_starts[seqs] + starts
+        distinct, most = union_features(self.trace.experts, rows, n_tokens, self.trace.meta.geometry.experts, self._scratch)
+        self.last_distinct_experts = float(distinct.sum()) / distinct.size
+        passes = float(context_tokens.size)
+        return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), passes) + self._drafting.pass_us
+
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
+        """The union of the windows (a draft tree's widths) and the chunks (see the module docstring), per
+        expert-parallel rank, plus the spec path's pass_us."""
+        starts, n_tokens = self._tree_windows(seqs, starts, n_tokens)
+        return self._ranked_us(seqs, starts, n_tokens, context_tokens, chunks)
+
+    def _ranked_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
+        rows = self._seq_starts[seqs] + starts
+        lengths = n_tokens
+        lo = hi = NO_CHUNKS.seqs
+        if len(chunks):
+            if self._region is None:
+                self._region = PrefillRegion.of(self.trace.experts, self.trace.meta.geometry.experts)
+            windows: tuple[list[int], list[int]] = ([], [])
+            blocks: tuple[list[int], list[int]] = ([], [])
+            for seq, start, tokens in zip(chunks.seqs.tolist(), chunks.starts.tolist(), chunks.tokens.tolist(), strict=True):
+                self._region.pieces(int(self._seq_starts[seq]) + start, tokens, windows, blocks)
+            rows = np.concatenate([rows, np.array(windows[0], np.int64)])
+            lengths = np.concatenate([lengths, np.array(windows[1], np.int64)])
+            lo, hi = np.array(blocks[0], np.int64), np.array(blocks[1], np.int64)
+        experts = self.trace.meta.geometry.experts
+        ranks = self.model.parallel.ranks
+        distinct, most, slots = union_pass(self.trace.experts, rows, lengths, experts, self._scratch, self._region, lo, hi, ranks)
+        layer_distinct = distinct.sum(axis=0)
+        self.last_distinct_experts = float(layer_distinct.sum()) / layer_distinct.size
+        total = int(n_tokens.sum()) + int(chunks.tokens.sum())
+        context = float(context_tokens.sum()) + chunks.context
+        passes = float(context_tokens.size + len(chunks))
+        return self.model.rank_pass_us(distinct, most, slots, total, context, passes) + self._drafting.pass_us
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
-        """The drafter's steps for the batch, at the batch's mean context, and the spec path's
-        overhead O of the iteration (its steps, every verified token of the batch)."""
-        lens = np.asarray(draft_lens)
-        if not np.any(lens > 0):
-            return 0.0
-        drafted = draft_us(self.drafter, lens, float(np.mean(context_tokens)), self.model.dense_family_us)
-        spec = self.model.profile.speculative
-        if spec is None:
-            return drafted
-        verified = int(np.sum(np.asarray(self.widths)[lens])) if self.widths else int(np.sum(lens + 1))
-        return drafted + spec.overhead_us(draft_steps(self.drafter, int(lens.max())), verified)
-
-    @property
-    def _pass_us(self) -> float:
-        """The engine's time per target forward beyond the profile's families (its spec path's pass_us; 0 without one)."""
-        spec = self.model.profile.speculative
-        return spec.pass_us if spec is not None else 0.0
+        """The drafter's steps for the batch, at the batch's mean context, and the spec path's overhead."""
+        return self._drafting.draft_us(draft_lens, context_tokens)
 
     def _chunk_us(self, tokens: int, context: int) -> float:
-        if (tokens, context) not in self._prefill_pass_us:
-            features = self.features(np.array([0]), np.array([0]), np.array([tokens]))
-            self._prefill_pass_us[(tokens, context)] = self.model.pass_time_us(features, float(context)) + self._pass_us
-        return self._prefill_pass_us[(tokens, context)]
+        if self.model.parallel.ranks > 1:
+            return self._ranked_us(_ZERO, _ZERO, np.array([tokens]), np.array([context]), NO_CHUNKS)
+        features = self.features(np.array([0]), np.array([0]), np.array([tokens]))
+        return self.model.pass_time_us(features, float(context)) + self._drafting.pass_us
 
     def prefill_us(self, prompt_tokens: int) -> float:
         """ceil(P / chunk) chunked passes (see the module docstring)."""
         chunk = min(self.prefill_chunk, int(self._seq_starts[1] - self._seq_starts[0]))
-        total, done = 0.0, 0
-        for _ in range(math.ceil(max(prompt_tokens, 0) / chunk)):
-            tokens = min(chunk, prompt_tokens - done)
-            total += self._chunk_us(tokens, done)
-            done += tokens
-        return total
+        return self._drafting.chunked_prefill_us(prompt_tokens, chunk, self._chunk_us)
+
+
+@dataclass
+class DenseBatchCost:
+    """A dense target (no experts, no trace): every pass is the dense family on its tokens and
+    context (`StepTimeModel.dense_pass_us`); drafting as `TraceBatchCost`; a prompt's prefill in
+    passes of `prefill_chunk` tokens; a draft tree verifies its widths."""
+
+    model: StepTimeModel
+    drafter: Drafter
+    prefill_chunk: int = 512
+    widths: tuple[int, ...] = ()  # verify width per draft length k (a draft tree); empty: k + 1
+    last_distinct_experts: float = field(default=math.nan, init=False)
+    _drafting: _Drafting = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk < 1:
+            raise InputError(f"prefill chunk must be >= 1 token, got {self.prefill_chunk}")
+        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, self.widths, {})
+
+    def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """The dense pass of the batch's tokens at its summed context."""
+        tokens = float(np.sum(self._drafting.verify_tokens(n_tokens)))
+        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)), float(np.size(context_tokens))) + self._drafting.pass_us
+
+    def mixed_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
+        """The dense pass of the verified and prefilled tokens, each chunk at its prompt so far."""
+        tokens = float(np.sum(self._drafting.verify_tokens(n_tokens))) + float(chunks.tokens.sum())
+        passes = float(np.size(context_tokens) + len(chunks))
+        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)) + chunks.context, passes) + self._drafting.pass_us
+
+    def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """The drafter's steps for the batch, at the batch's mean context."""
+        return self._drafting.draft_us(draft_lens, context_tokens)
+
+    def prefill_us(self, prompt_tokens: int) -> float:
+        """ceil(P / chunk) dense passes at the context already prefilled."""
+        return self._drafting.chunked_prefill_us(
+            prompt_tokens, self.prefill_chunk, lambda tokens, done: self.model.dense_pass_us(tokens, done) + self._drafting.pass_us
+        )
+
+
+_ZERO = np.zeros(1, np.int64)

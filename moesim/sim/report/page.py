@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,8 +57,9 @@ class Report:
 # ---- inputs -------------------------------------------------------------------------------------------
 
 
-def load_results(paths: list[Path]) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[str]]:
-    """(sweep rows, prediction rows, sources): each file is recognised by its content."""
+def load_results(paths: list[Path], out_dir: Path) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[str]]:
+    """(sweep rows, prediction rows, sources): each file is recognised by its content; a source
+    names its file relative to the report folder `out_dir`."""
     sweeps, predictions, sources = [], [], []
     if not paths:
         raise InputError("report: give at least one results file (sweep Parquet or predictions.parquet)")
@@ -71,10 +73,10 @@ def load_results(paths: list[Path]) -> tuple[pl.DataFrame | None, pl.DataFrame |
             raise InputError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
         if meta.get(b"moesim.format", b"").decode() == SWEEP_FORMAT:
             sweeps.append(frame)
-            sources.append(f"{path}: sweep results, {frame.height:,} rows")
+            sources.append(f"{relative_to(path, out_dir)}: sweep results, {frame.height:,} rows")
         elif set(PREDICTION_COLUMNS) <= set(frame.columns):
             predictions.append(frame)
-            sources.append(f"{path}: predictions, {frame.height:,} rows")
+            sources.append(f"{relative_to(path, out_dir)}: predictions, {frame.height:,} rows")
         else:
             raise InputError(
                 f"{path}: neither sweep results ({SWEEP_FORMAT}) nor predictions (columns {', '.join(PREDICTION_COLUMNS)} missing)"
@@ -82,6 +84,12 @@ def load_results(paths: list[Path]) -> tuple[pl.DataFrame | None, pl.DataFrame |
     sweep = pl.concat(sweeps, how="vertical") if sweeps else None
     prediction = pl.concat(predictions, how="diagonal_relaxed") if predictions else None
     return sweep, prediction, sources
+
+
+def relative_to(path: Path, folder: Path) -> str:
+    """`path` as a link from inside `folder` reads it (both taken from the working directory, no
+    symlinks resolved): what a report names, unchanged when a folder holding both is moved."""
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(folder))).as_posix()
 
 
 def _first(frame: pl.DataFrame, column: str) -> object:
@@ -213,7 +221,7 @@ figcaption {{ font-size: 0.92em; color: #444; }} code, td {{ font-size: 0.9em; }
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 2px 8px; text-align: right; }}
 </style></head><body>
 <h1>moesim report</h1>
-<p>Inputs:</p><ul>{sources}</ul>
+<p>Inputs (paths relative to this page's folder):</p><ul>{sources}</ul>
 {notes}
 {table}
 {figures}
@@ -328,7 +336,7 @@ def _page(report: Report, sources: list[str], table: str) -> str:
 
 def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alphas: list[float] = ()) -> Report:  # type: ignore[assignment]
     """Read the results, draw every figure they support, write DIR/index.html and the images (atomically)."""
-    sweep, predictions, sources = load_results([Path(p) for p in paths])
+    sweep, predictions, sources = load_results([Path(p) for p in paths], Path(out_dir))
     if sweep is not None:
         sweep = apply_filters(sweep, parse_filters(list(filters)), "sweep results")
     elif filters:

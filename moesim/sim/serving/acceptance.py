@@ -126,7 +126,7 @@ class _GeometricRequest(_BlockDraws):
         super().__init__(rng, size)
         self._alpha = alpha
         self._k_cap = k_cap
-        self._tau = tokens_per_pass(np.arange(k_cap + 1), alpha)
+        self._tau: np.ndarray | None = None  # computed when a policy first asks (the oracle)
 
     def fill(self, u: np.ndarray) -> list[int]:
         """A = floor(ln u / ln α) capped."""
@@ -134,6 +134,8 @@ class _GeometricRequest(_BlockDraws):
 
     def expected_tokens(self, position: int) -> np.ndarray:
         """τ(k, α) for k = 0..k_cap."""
+        if self._tau is None:
+            self._tau = tokens_per_pass(np.arange(self._k_cap + 1), self._alpha)
         return self._tau
 
 

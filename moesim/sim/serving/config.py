@@ -7,14 +7,17 @@ raised before anything runs or is written:
     [run]         seed, requests, duration_s, compare_off
     [workload]    prompt_tokens, output_tokens | file
     [arrivals]    kind = "closed" (concurrency) | "poisson" (rate_per_s)
-    [batching]    max_batch
+    [batching]    max_batch, chunked_prefill, token_budget
+    [memory]      optional KV-cache pages: block_tokens, pages, utilization, reserve_gb, kv_bytes_per_element, preemption
+    [parallel]    tensor_parallel, expert_parallel, link                  (the target over several devices)
     [trace]       path | synth (+ synth_params, tokens, seqs, seed); offset_stride
-    [cost]        kind = "table" (target_us, draft_step_us, prefill_us_per_token) | "steptime"
-    [target]      model, weight_format, profile, engine          (the step-time model's target)
+    [cost]        kind = "table" (target_us, draft_step_us, prefill_us_per_token) | "steptime"; prefill_chunk, moesd_slots
+    [target]      model, weight_format, profile, engine, device     (the step-time model's target)
     [drafter]     kind = "ngram" | "preset" (model) | "eagle" | "fixed" (time_us) | any drafter spec; tree
     [acceptance]  model = "geometric" | "position" | "regime" | "recorded" | "tree", and its keys
     [policy]      name = "off" | "static" | "oracle" | "cascade", and its keys
-    [study]       optional grid: models, [study.workloads.NAME] acceptance tables, [[study.policies]]
+    [study]       optional grid: models, batches, [[study.devices]], [study.drafters], [study.workloads.NAME]
+                  acceptance tables, [[study.policies]]
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ from typing import Any, ClassVar
 from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.fields import FieldError, build, build_entry, require
 from moesim.hw_profiles import load_profile
+from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import DRAFTERS, drafter_tree, make_drafter, split_options
+from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
+from moesim.sim.cost.parallel import Parallelism
 from moesim.sim.cost.steptime import default_engine
 from moesim.sim.cost.tree import TreeSpec, parse_tree
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
 from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tree
+from moesim.sim.serving.memory import KVBudget, MemorySection, kv_budget
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import read_toml
@@ -60,12 +66,41 @@ class RunSection:
 
 @dataclass(frozen=True)
 class Batching:
-    """Continuous batching up to `max_batch` decoding requests at once."""
+    """Continuous batching up to `max_batch` requests at once; with `chunked_prefill`, prompts are
+    prefilled in chunks beside the decode and verify tokens of each pass, under `token_budget`
+    tokens per iteration (vLLM v1's max_num_batched_tokens; 2048 is one of Sarathi-Serve's budgets)."""
 
     max_batch: int = 1
+    chunked_prefill: bool = False
+    token_budget: int = 2048
 
     def __post_init__(self) -> None:
         require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+        require(
+            self.token_budget >= self.max_batch,
+            "token_budget",
+            f"must be >= max_batch ({self.max_batch}: every decoding request gets a token), got {self.token_budget}",
+        )
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    """The target over `tensor_parallel` devices of the target's kind, tensor parallel, or with the
+    routed experts partitioned over them (`expert_parallel`), joined by `link` (a link profile of
+    the device catalog; default: the device's own peer link)."""
+
+    tensor_parallel: int = 1
+    expert_parallel: bool = False
+    link: str = ""
+
+    def __post_init__(self) -> None:
+        require(self.tensor_parallel >= 1, "tensor_parallel", f"must be >= 1, got {self.tensor_parallel}")
+        require(not self.expert_parallel or self.tensor_parallel > 1, "expert_parallel", "needs tensor_parallel > 1 devices")
+        if self.link:
+            try:
+                link_spec(self.link)
+            except ConfigError as exc:
+                raise FieldError("link", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -107,6 +142,7 @@ class CostSection:
     draft_step_us: float = 0.0
     prefill_us_per_token: float = 0.0
     prefill_chunk: int = 512
+    moesd_slots: bool = False
 
     def __post_init__(self) -> None:
         require(self.kind in self.KINDS, "kind", f"unknown cost kind '{self.kind}' (known: {', '.join(self.KINDS)})")
@@ -131,6 +167,14 @@ class TargetSection:
     weight_format: str | None = None
     profile: str | None = None
     engine: str | None = None  # default: the engine's dispatch on an engine profile, per_slot otherwise
+    device: str = ""
+
+    def __post_init__(self) -> None:
+        if self.device:
+            try:
+                device_spec(self.device)
+            except ConfigError as exc:
+                raise FieldError("device", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -181,12 +225,47 @@ class DrafterSection:
 
 
 @dataclass(frozen=True)
+class StudyDevice:
+    """`[[study.devices]]`: a device setting of a study: a profile (and its catalog entry) over
+    `tensor_parallel` devices."""
+
+    name: str
+    profile: str
+    device: str = ""
+    tensor_parallel: int = 1
+    expert_parallel: bool = False
+    link: str = ""
+
+    def __post_init__(self) -> None:
+        ParallelSection(self.tensor_parallel, self.expert_parallel, self.link)
+
+    def apply(self, target: TargetSection) -> tuple[TargetSection, ParallelSection]:
+        """The target and parallel sections of a cell on this device."""
+        return dataclasses.replace(target, profile=self.profile, device=self.device), ParallelSection(
+            self.tensor_parallel, self.expert_parallel, self.link
+        )
+
+
+@dataclass(frozen=True)
 class StudySection:
-    """A grid of runs: every model × workload × policy (each cell compared with speculation off)."""
+    """A grid of runs: every model × device × batch × workload × policy (each cell compared with
+    speculation off); a model may bring its own drafter."""
 
     models: tuple[str, ...] = ()
     workloads: tuple[tuple[str, AcceptanceModel], ...] = ()
     policies: tuple[Policy, ...] = ()
+    batches: tuple[int, ...] = ()
+    devices: tuple[StudyDevice, ...] = ()
+    drafters: tuple[tuple[str, DrafterSection], ...] = ()
+
+    @property
+    def serving(self) -> bool:
+        """Whether the grid has serving axes (batches or devices): its rows carry them and the target efficiency."""
+        return bool(self.batches or self.devices)
+
+    def drafter_for(self, model: str | None, default: DrafterSection) -> DrafterSection:
+        """The model's drafter in this study, else the config's."""
+        return dict(self.drafters).get(model or "", default)
 
 
 @dataclass(frozen=True)
@@ -205,6 +284,8 @@ class SimConfig:
     acceptance: AcceptanceModel
     policy: Policy
     study: StudySection | None = None
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    memory: MemorySection | None = None
 
     def models(self) -> tuple[str | None, ...]:
         """The target models this config runs (a study's list, else the target's)."""
@@ -212,13 +293,43 @@ class SimConfig:
             return self.study.models
         return (self.target.model,)
 
-    def with_cell(self, model: str | None, acceptance: AcceptanceModel, policy: Policy) -> SimConfig:
-        """This config with another target model, acceptance model and policy (one study cell)."""
+    def with_cell(
+        self,
+        model: str | None,
+        acceptance: AcceptanceModel,
+        policy: Policy,
+        device: StudyDevice | None = None,
+        batch: int | None = None,
+    ) -> SimConfig:
+        """This config with another target model (and its drafter in the study), acceptance model
+        and policy, optionally on another device and at another batch size (one study cell: a
+        closed loop of `batch` requests in flight)."""
         target = dataclasses.replace(self.target, model=model) if model is not None else self.target
-        return dataclasses.replace(self, target=target, acceptance=acceptance, policy=policy, study=None)
+        drafter = self.study.drafter_for(model, self.drafter) if self.study is not None else self.drafter
+        parallel = self.parallel
+        if device is not None:
+            target, parallel = device.apply(target)
+        batching, arrivals = self.batching, self.arrivals
+        if batch is not None:
+            batching = dataclasses.replace(batching, max_batch=batch, token_budget=max(batching.token_budget, batch))
+            arrivals = dataclasses.replace(arrivals, concurrency=batch)
+        return dataclasses.replace(
+            self,
+            target=target,
+            drafter=drafter,
+            parallel=parallel,
+            batching=batching,
+            arrivals=arrivals,
+            acceptance=acceptance,
+            policy=policy,
+            study=None,
+        )
 
 
-SECTIONS = ("run", "workload", "arrivals", "batching", "trace", "cost", "target", "drafter", "acceptance", "policy", "study")
+SECTIONS = (
+    "run", "workload", "arrivals", "batching", "memory", "parallel", "trace", "cost", "target", "drafter", "acceptance",
+    "policy", "study",
+)  # fmt: skip
 
 
 def acceptance_from_table(table: Any, section: str, source: str, base_dir: Path) -> AcceptanceModel:
@@ -246,10 +357,25 @@ def resolve_path(value: str | None, base_dir: Path) -> str | None:
     return str(path if path.is_absolute() else base_dir / path)
 
 
-def _check_target(target: TargetSection, drafter: DrafterSection | None, models: tuple[str | None, ...], source: str) -> None:
-    """Every target model is a preset, the drafter resolves against it (when the step-time model
-    runs), the profile loads and has the engine's family."""
-    for model in models:
+def _check_profile(profile_name: str, engine: str | None, key: str, source: str) -> None:
+    """The profile loads and has the engine (the dispatch by default on an engine profile)."""
+    try:
+        profile = load_profile(profile_name)
+    except MoesimError as exc:
+        raise ConfigError(f"{source}: key '{key}': {exc}") from None
+    try:
+        default_engine(profile, engine)
+    except MoesimError as exc:
+        raise ConfigError(f"{source}: key 'target.engine': {exc}") from None
+
+
+def _check_target(config: SimConfig, steptime: bool) -> None:
+    """Every target model is a preset, its drafter resolves against it (when the step-time model
+    runs), every profile loads and has the engine's family, and every cell's placement (devices,
+    link, KV pages) holds: a target whose weights do not fit is a one-line error."""
+    target, source = config.target, config.source
+    study = config.study
+    for model in config.models():
         if model is None:
             continue
         try:
@@ -257,29 +383,75 @@ def _check_target(target: TargetSection, drafter: DrafterSection | None, models:
         except MoesimError as exc:
             key = "target.model" if model == target.model else "study.models"
             raise ConfigError(f"{source}: key '{key}': {exc}") from None
-        if drafter is not None:
+        drafter = study.drafter_for(model, config.drafter) if study is not None else config.drafter
+        if steptime:
             try:
                 make_drafter(drafter.spec(), preset)
             except MoesimError as exc:
-                raise ConfigError(f"{source}: key 'drafter.{'model' if drafter.kind == 'preset' else 'kind'}': {exc}") from None
+                key = "study.drafters" if drafter is not config.drafter else f"drafter.{'model' if drafter.kind == 'preset' else 'kind'}"
+                raise ConfigError(f"{source}: key '{key}': {exc}") from None
+    if target.profile is not None:
+        _check_profile(target.profile, target.engine, "target.profile", source)
+    devices = study.devices if study is not None and study.devices else (None,)
+    for i, device in enumerate(devices):
+        if device is not None:
+            _check_profile(device.profile, target.engine, f"study.devices[{i}].profile", source)
+        for model in config.models():
+            placement(config.with_cell(model, config.acceptance, config.policy, device))
+
+
+def target_device(target: TargetSection) -> DeviceSpec | None:
+    """The catalog entry of the target's device: `device`, else the one its profile describes."""
+    if target.device:
+        return device_spec(target.device)
     if target.profile is None:
-        return
+        return None
+    profile = load_profile(target.profile)
+    return device_of_profile(profile.name, profile.device.name)
+
+
+def placement(config: SimConfig) -> tuple[Parallelism, KVBudget | None]:
+    """Where the config's target runs: its devices and the link between them (the catalog's
+    peer link of the device unless `parallel.link` names one), and its KV pages (None without
+    [memory]). Errors are one line naming the key."""
+    target, section, source = config.target, config.parallel, config.source
     try:
-        profile = load_profile(target.profile)
+        device = target_device(target)
     except MoesimError as exc:
-        raise ConfigError(f"{source}: key 'target.profile': {exc}") from None
+        raise ConfigError(f"{source}: key 'target.device': {exc}") from None
+    link = None
+    if section.tensor_parallel > 1:
+        key = section.link or (device.peer_link if device is not None else "")
+        if not key:
+            where = f"{device.name} has no peer link in the device catalog" if device is not None else "no device is known"
+            raise ConfigError(f"{source}: key 'parallel.link': {section.tensor_parallel} devices need a link ({where})")
+        link = link_spec(key)
+    parallel = Parallelism(section.tensor_parallel, section.expert_parallel, link)
+    preset = load_preset(target.model) if target.model is not None else None
+    if preset is not None:
+        try:
+            parallel.check(preset)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: key 'parallel.expert_parallel': {exc}") from None
+    if config.memory is None:
+        return parallel, None
+    fmt = target.weight_format or (preset.default_format if preset is not None else "BF16")
+    drafter = make_drafter(config.drafter.spec(), preset) if preset is not None and config.cost.kind == "steptime" else None
+    draft = drafter.model if isinstance(drafter, DenseModelDrafter) else None
+    host = link_spec(device.host_link) if device is not None and device.host_link else None
     try:
-        default_engine(profile, target.engine)
-    except MoesimError as exc:
-        raise ConfigError(f"{source}: key 'target.engine': {exc}") from None
+        return parallel, kv_budget(config.memory, preset, fmt, draft, device, parallel, host)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: key 'memory': {exc}") from None
 
 
 def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudySection:
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: key 'study' must be a table")
-    unknown = set(table) - {"models", "workloads", "policies"}
+    known = ("batches", "devices", "drafters", "models", "policies", "workloads")
+    unknown = set(table) - set(known)
     if unknown:
-        raise ConfigError(f"{source}: key 'study.{sorted(unknown)[0]}': unknown key (known: models, policies, workloads)")
+        raise ConfigError(f"{source}: key 'study.{sorted(unknown)[0]}': unknown key (known: {', '.join(known)})")
     models = table.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise ConfigError(f"{source}: key 'study.models' must be a list of model preset names")
@@ -296,7 +468,21 @@ def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudyS
     for name, acceptance in workloads:
         for policy in policies:
             _check_cap(acceptance, policy, f"study.workloads.{name}", source)
-    return StudySection(models=tuple(models), workloads=workloads, policies=policies)
+    batches = table.get("batches", [])
+    if not isinstance(batches, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches):
+        raise ConfigError(f"{source}: key 'study.batches' must be a list of batch sizes >= 1")
+    device_tables = table.get("devices", [])
+    if not isinstance(device_tables, list):
+        raise ConfigError(f"{source}: key 'study.devices' must hold [[study.devices]] tables")
+    devices = []
+    for i, entry in enumerate(device_tables):
+        device = build(StudyDevice, entry, f"study.devices[{i}]", source, base_dir)
+        devices.append(dataclasses.replace(device, profile=resolve_path(device.profile, base_dir)))
+    drafter_tables = table.get("drafters", {})
+    if not isinstance(drafter_tables, dict):
+        raise ConfigError(f"{source}: key 'study.drafters' must be a table of model = drafter table")
+    drafters = tuple((model, build(DrafterSection, t, f"study.drafters.{model}", source, base_dir)) for model, t in drafter_tables.items())
+    return StudySection(tuple(models), workloads, policies, tuple(batches), tuple(devices), drafters)
 
 
 def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimConfig:
@@ -323,8 +509,6 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         for key in ("model", "profile"):
             if getattr(target, key) is None:
                 raise ConfigError(f"{source}: key 'target.{key}' is required with cost.kind = 'steptime'")
-        if trace is None:
-            raise ConfigError(f"{source}: key 'trace' is required with cost.kind = 'steptime' (the routing the passes replay)")
     if "acceptance" not in data:
         raise ConfigError(f"{source}: key 'acceptance' is required (a table with 'model')")
     if "policy" not in data:
@@ -345,8 +529,12 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         acceptance=acceptance,
         policy=policy,
         study=_study(data["study"], source, base_dir, cost) if "study" in data else None,
+        parallel=section(ParallelSection, "parallel"),
+        memory=section(MemorySection, "memory") if "memory" in data else None,
     )
-    _check_target(target, config.drafter if cost.kind == "steptime" else None, config.models(), source)
+    if cost.kind == "steptime" and trace is None and any(m is not None and load_preset(m).kind == "moe" for m in config.models()):
+        raise ConfigError(f"{source}: key 'trace' is required with cost.kind = 'steptime' and a MoE target (the routing the passes replay)")
+    _check_target(config, cost.kind == "steptime")
     config = _with_drafter_tree(config)
     if trace is not None and trace.path is not None and MODEL_PLACEHOLDER in str(trace.path):
         for model in config.models():
@@ -360,6 +548,12 @@ def _with_drafter_tree(config: SimConfig) -> SimConfig:
     """A draft tree needs the step-time cost and an acceptance that knows trees: `tree` (given the
     drafter's tree family here) or a recorded run of a static tree (`paths`)."""
     tree = config.drafter.tree_spec()
+    for model, drafter in config.study.drafters if config.study else ():
+        if drafter.tree_spec() != tree:
+            raise ConfigError(
+                f"{config.source}: key 'study.drafters.{model}': its draft tree ({drafter.tree_spec().label()}) is not the "
+                f"[drafter]'s ({tree.label()}); a study's drafters verify one tree"
+            )
     workloads = [("acceptance", config.acceptance)] + [
         (f"study.workloads.{n}", a) for n, a in (config.study.workloads if config.study else ())
     ]

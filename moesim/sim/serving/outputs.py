@@ -6,12 +6,15 @@
   time), where it decoded in the trace and how often it wrapped; with a speculation-off
   comparison also the same request's TPOT with speculation off and the slowdown ratio.
 - `iterations`.arrow: one row per server iteration: start, prefill / draft / verify time, the
-  decoding batch size, requests prefilled, tokens committed, mean distinct experts per MoE layer
-  of the verify pass (null when the cost model does not report it), and per decoding request
-  its id, draft length and accepted count (list columns, in batch order).
+  decoding batch size, requests whose prefill yielded their first token, tokens committed, mean
+  distinct experts per MoE layer of the verify pass (null when the cost model does not report
+  it), and per decoding request its id, draft length and accepted count (list columns, in batch
+  order); with KV memory or chunked prefill also the positions prefilled and the requests
+  preempted, and with memory the pages used and free at the pass and the swap time.
 - summary.json: throughput, TPOT mean / p50 / p99, latency, acceptance, and against the same
   run with speculation off: speedup (throughput ratio), TPOT speedup, the worst request's
-  slowdown.
+  slowdown; with memory, its preemptions and `memory` (the pages and what they rest on, the
+  most requests held at once, how many of the longest requests fit without preemption).
 
 Everything is a function of the config and the seed: no timestamps, no host names; the same
 inputs give the same bytes.
@@ -69,8 +72,22 @@ def iterations_table(record: ServerRecord) -> pa.Table:
             "requests": _list_column(offsets, record.step_request.astype(np.uint32), pa.uint32()),
             "draft_lens": _list_column(offsets, record.step_draft_len.astype(np.uint8), pa.uint8()),
             "accepted": _list_column(offsets, record.step_accepted.astype(np.uint8), pa.uint8()),
+            **_extended_columns(record),
         }
     )
+
+
+def _extended_columns(record: ServerRecord) -> dict[str, pa.Array]:
+    """The per-iteration columns of KV memory and chunked prefill (those the run has)."""
+    columns = {}
+    if record.prefill_tokens is not None and record.preempted is not None:
+        columns["prefill_tokens"] = pa.array(record.prefill_tokens.astype(np.uint32))
+        columns["preempted"] = pa.array(record.preempted.astype(np.uint32))
+    if record.kv_pages_used is not None and record.kv_pages_free is not None and record.swap_us is not None:
+        columns["kv_pages_used"] = pa.array(record.kv_pages_used.astype(np.uint32))
+        columns["kv_pages_free"] = pa.array(record.kv_pages_free.astype(np.uint32))
+        columns["swap_us"] = pa.array(record.swap_us)
+    return columns
 
 
 def requests_table(record: ServerRecord, alphas: np.ndarray, off: ServerRecord | None = None) -> pa.Table:
@@ -109,6 +126,8 @@ def requests_table(record: ServerRecord, alphas: np.ndarray, off: ServerRecord |
             "wraps": pa.array(np.array([r.wraps for r in reqs], np.uint32)),
             "draft_lens": _list_column(offsets, record.step_draft_len[order].astype(np.uint8), pa.uint8()),
         }
+        if record.memory is not None:
+            columns["preemptions"] = pa.array(np.array([r.preemptions for r in reqs], np.uint32))
         if off is not None:
             tpot_off = _tpot_us(off)[:n]
             tpot_off = np.concatenate([tpot_off, np.full(n - tpot_off.size, np.nan)])
@@ -147,6 +166,7 @@ def _stats(record: ServerRecord) -> dict[str, Any]:
         "acceptance_rate": int(record.step_accepted.sum()) / drafted if drafted else math.nan,
         "tokens_per_pass": 1.0 + float(record.step_accepted.mean()) if record.step_accepted.size else math.nan,
         "wraps": int(sum(r.wraps for r in record.requests)),
+        **({"preemptions": record.memory["preemptions"], "memory": record.memory} if record.memory is not None else {}),
     }
 
 
@@ -211,6 +231,7 @@ SUMMARY_ROWS = (
     ("requests_completed", "requests completed"),
     ("iterations", "iterations"),
     ("wraps", "trace wraps"),
+    ("preemptions", "preemptions (KV memory)"),
 )
 
 

@@ -13,8 +13,8 @@ ask the server what an iteration would cost with other draft lengths (`Iteration
   by one coordinate-ascent sweep per iteration (each request in turn, the others fixed at
   their choices so far, starting from the previous iteration's), ties to the larger k. At
   batch 1 this is exactly argmax_k S(k, α).
-- cascade (`cascade.py`): the utility-driven controller of Saxena et al. (MICRO 2025), as
-  documented in docs/simulator.md ("Cascade as implemented").
+- cascade (`cascade.py`): the utility-driven controller of Saxena et al. (MICRO 2025), as its
+  paper describes it (docs/simulator.md, "Cascade: the paper and moesim line by line").
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class Policy(Protocol):
         """The largest draft length the policy may choose."""
         ...
 
+    @property
+    def min_draft_steps(self) -> int:
+        """Draft steps every request costs per iteration even at k = 0 (a drafter kept running)."""
+        ...
+
     def controller(self) -> Controller:
         """Fresh per-run state."""
         ...
@@ -102,6 +107,7 @@ class Off:
     """Plain decoding: k = 0."""
 
     name: ClassVar[str] = "off"
+    min_draft_steps: ClassVar[int] = 0
 
     @property
     def k_cap(self) -> int:
@@ -119,6 +125,7 @@ class Static:
     """The same draft length k for every request and iteration."""
 
     name: ClassVar[str] = "static"
+    min_draft_steps: ClassVar[int] = 0
     k: int
 
     def __post_init__(self) -> None:
@@ -179,6 +186,7 @@ class Oracle:
     """Best k for each request's true current acceptance and the current batch (see module doc)."""
 
     name: ClassVar[str] = "oracle"
+    min_draft_steps: ClassVar[int] = 0
     k_max: int = 8
 
     def __post_init__(self) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,13 @@ from moesim.models import load_preset
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
 from moesim.sim.cost.steptime import StepTimeModel, default_engine
-from moesim.sim.cost.trace_batch import TraceBatchCost
+from moesim.sim.cost.trace_batch import DenseBatchCost, TraceBatchCost
 from moesim.sim.cost.tree import truncated_widths
 from moesim.sim.serving.acceptance import AcceptanceModel, Tree
-from moesim.sim.serving.config import SimConfig
+from moesim.sim.serving.config import SimConfig, StudyDevice, placement
 from moesim.sim.serving.outputs import iterations_table, requests_table, summary, write_arrow, write_run
 from moesim.sim.serving.policies import Off, Policy
+from moesim.sim.serving.scheduler import Scheduling
 from moesim.sim.serving.server import Server, ServerRecord
 from moesim.sim.serving.workload import TraceWindows
 from moesim.tracegen.formats.trace import Trace, read_trace
@@ -36,9 +38,10 @@ Progress = Callable[[float], None]
 
 
 def load_trace(config: SimConfig, model: str | None) -> Trace | None:
-    """The config's trace for `model`: read from its file or synthesised (None without [trace])."""
+    """The config's trace for `model`: read from its file or synthesised (None without [trace],
+    and for a dense target, which routes nothing)."""
     section = config.trace
-    if section is None:
+    if section is None or (model is not None and load_preset(model).kind != "moe"):
         return None
     if section.synth is not None:
         try:
@@ -55,19 +58,23 @@ def load_trace(config: SimConfig, model: str | None) -> Trace | None:
 
 def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None) -> BatchCostModel:
     """The cost model the config names: the pass-cost table, or the step-time model of the target
-    `model` (default: the config's) on its profile replaying the trace (`TraceBatchCost`)."""
+    `model` (default: the config's) on its profile and devices, replaying the trace
+    (`TraceBatchCost`; a dense target needs none: `DenseBatchCost`)."""
     cost = config.cost
     if cost.kind == "table":
         return TablePassCost(np.asarray(cost.target_us, np.float64), cost.draft_step_us, cost.prefill_us_per_token)
     target = config.target
     name = model or target.model
+    parallel, _ = placement(config)
     try:
         preset = load_preset(name or "")
         profile = load_profile(target.profile or "")
-        step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "")
+        step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "", parallel=parallel)
         drafter = make_drafter(config.drafter.spec(), preset, target.weight_format or None)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None
+    if preset.kind != "moe":
+        return DenseBatchCost(step_time, drafter, cost.prefill_chunk)
     try:
         return TraceBatchCost(step_time, trace, drafter, cost.prefill_chunk)  # type: ignore[arg-type]
     except MoesimError as exc:
@@ -82,6 +89,13 @@ def tree_widths(config: SimConfig, acceptance: AcceptanceModel, k_cap: int) -> t
         return ()
     tree = acceptance.draft_tree(k_cap) if isinstance(acceptance, Tree) else shape.tree(k_cap)
     return truncated_widths(tree, k_cap)
+
+
+def scheduling(config: SimConfig) -> Scheduling:
+    """The config's KV memory, chunked prefill and verify-slot convention, as the server takes them."""
+    _, budget = placement(config)
+    batching = config.batching
+    return Scheduling(budget, batching.chunked_prefill, batching.token_budget, config.cost.moesd_slots)
 
 
 def trace_windows(config: SimConfig, trace: Trace | None, k_cap: int, widest: int | None = None) -> TraceWindows | None:
@@ -106,7 +120,7 @@ def run_server(
     """One server run of the config's workload under `policy` and `acceptance` (a draft tree
     verifies its width: the trace cost is told the widths)."""
     widths = tree_widths(config, acceptance, policy.k_cap)
-    if widths and isinstance(cost, TraceBatchCost):
+    if widths and isinstance(cost, TraceBatchCost | DenseBatchCost):
         cost = dataclasses.replace(cost, widths=widths)
     server = Server(
         cost=cost,
@@ -120,6 +134,7 @@ def run_server(
         seed=config.run.seed,
         windows=trace_windows(config, trace, policy.k_cap, max(widths, default=None)),
         progress=progress,
+        scheduling=scheduling(config),
     )
     return server.run()
 
@@ -170,7 +185,7 @@ class SimResult:
 
 def describe_config(config: SimConfig) -> dict[str, Any]:
     """What a summary says about the run it summarises."""
-    return {
+    described = {
         "policy": describe_entry(config.policy, "name"),
         "policy_label": policy_label(config.policy),
         "acceptance": describe_entry(config.acceptance, "model"),
@@ -180,6 +195,11 @@ def describe_config(config: SimConfig) -> dict[str, Any]:
         "cost": config.cost.kind,
         "model": config.target.model,
     }
+    if config.batching.chunked_prefill:
+        described["token_budget"] = config.batching.token_budget
+    if config.parallel.tensor_parallel > 1:
+        described["parallel"] = placement(config)[0].describe()
+    return described
 
 
 def simulate(config: SimConfig, progress: Progress | None = None) -> SimResult:
@@ -211,20 +231,59 @@ STUDY_COLUMNS = (
 )
 
 
+def _decode_passes(record: ServerRecord, batch: int) -> np.ndarray:
+    """Verify times of the iterations at `batch` decoding requests that prefilled nothing."""
+    keep = record.batch == batch
+    if record.prefill_tokens is not None:
+        keep &= record.prefill_tokens == 0
+    return record.verify_us[keep]
+
+
+def target_efficiency(record: ServerRecord, off: ServerRecord) -> float:
+    """MoESD's target efficiency T(B, 1) / T(B, v): the mean verify pass of the run with
+    speculation off over that of the run, both over their iterations at the full batch (and
+    without prefill chunks in the pass)."""
+    full = max(int(off.batch.max(initial=0)), 1)
+    plain, spec = _decode_passes(off, full), _decode_passes(record, full)
+    return float(plain.mean() / spec.mean()) if plain.size and spec.size else math.nan
+
+
+def _cells(config: SimConfig) -> list[tuple[str | None, StudyDevice | None, int | None]]:
+    study = config.study
+    assert study is not None
+    devices = study.devices or (None,)
+    batches = study.batches or (None,)
+    return [(model, device, batch) for model in config.models() for device in devices for batch in batches]
+
+
 def run_study(config: SimConfig, progress: Progress | None = None) -> pl.DataFrame:
-    """Every model × workload × policy of the config's study, each against speculation off
-    (one off run per model and workload, shared by its policies): one row per cell."""
+    """Every model × device × batch × workload × policy of the config's study, each against
+    speculation off (one off run per model, device, batch and workload, shared by its policies):
+    one row per cell. A study with serving axes (batches or devices) also reports MoESD's
+    target efficiency, the mean batch and the preemptions."""
     study = config.study
     if study is None:
         raise ConfigError(f"{config.source}: key 'study' is missing")
-    models = config.models()
-    cells = len(models) * len(study.workloads) * (len(study.policies) + 1)
+    grid = _cells(config)
+    cells = len(grid) * len(study.workloads) * (len(study.policies) + 1)
     done = 0
     rows = []
-    for model in models:
-        cell_config = config.with_cell(model, config.acceptance, config.policy)
-        cell_trace = load_trace(cell_config, model)
-        cost = build_cost(cell_config, cell_trace)
+    traces: dict[str | None, Trace | None] = {}
+    costs: dict[tuple[str | None, str], BatchCostModel] = {}
+    for model, device, batch in grid:
+        cell_config = config.with_cell(model, config.acceptance, config.policy, device, batch)
+        if model not in traces:
+            traces[model] = load_trace(cell_config, model)
+        cell_trace = traces[model]
+        key = (model, device.name if device is not None else "")
+        if key not in costs:
+            costs[key] = build_cost(cell_config, cell_trace)
+        cost = costs[key]
+        axes: dict[str, Any] = {"model": model or "-"}
+        if study.devices:
+            axes["device"] = key[1]
+        if study.batches:
+            axes["batch"] = batch
         for workload, acceptance in study.workloads:
             off = run_server(cell_config, cost, cell_trace, Off(), acceptance, _scaled(progress, done / cells, (done + 1) / cells))
             done += 1
@@ -236,14 +295,12 @@ def run_study(config: SimConfig, progress: Progress | None = None) -> pl.DataFra
                     record = run_server(cell_config.with_cell(model, acceptance, policy), cost, cell_trace, policy, acceptance, step)
                 done += 1
                 stats = summary(record, off, {})
-                rows.append(
-                    {
-                        "model": model or "-",
-                        "workload": workload,
-                        "policy": policy_label(policy),
-                        **{column: float(stats[column]) for column in STUDY_COLUMNS},
-                    }
-                )
+                row = {**axes, "workload": workload, "policy": policy_label(policy), **{c: float(stats[c]) for c in STUDY_COLUMNS}}
+                if study.serving:
+                    row["target_efficiency"] = target_efficiency(record, off)
+                    row["mean_batch"] = float(stats["mean_batch"])
+                    row["preemptions"] = int(record.memory["preemptions"]) if record.memory is not None else 0
+                rows.append(row)
     return pl.DataFrame(rows)
 
 

@@ -14,6 +14,13 @@ Each iteration of the server:
    (its acceptance model, min(k, A)) and commits accepted + 1 tokens;
 5. retires finished requests (closed loop: each is replaced by a new arrival at once).
 
+With KV memory or chunked prefill (`Scheduling`), step 1 is the scheduler's
+(`moesim.sim.serving.scheduler`): pages, preemptions, and prefill chunks that share the verify
+pass (`mixed_us`) under a token budget, the draft lengths capped so that decode and verify
+tokens come first. A policy with `min_draft_steps` (Cascade's drafter kept running at k = 0)
+costs at least that many draft steps per iteration; under `moesd_slots` a verify window is
+costed at max(k, 1) tokens instead of k + 1.
+
 Arrivals are a second process only for Poisson arrivals. Costs come from a `BatchCostModel`;
 a `TablePassCost` is expanded into lookup lists before the loop starts. Everything the outputs
 need is appended to flat lists (no per-iteration allocation beyond them).
@@ -30,9 +37,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
+from moesim.sim.cost.pass_table import BatchCostModel, PrefillChunks, TablePassCost
 from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance
 from moesim.sim.serving.policies import Controller, Policy
+from moesim.sim.serving.scheduler import Scheduler, Scheduling
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
 
 PROGRESS_EVERY = 4096  # iterations between progress callbacks
@@ -43,19 +51,25 @@ class Request:
 
     __slots__ = (
         "acceptance",
+        "admit_seq",
         "arrival_us",
         "decoded",
         "finish_us",
         "first_token_us",
+        "kv_pages",
         "output_tokens",
         "policy_state",
         "pos",
         "pos_end",
         "pos_start",
+        "preemptions",
+        "prefill_target",
+        "prefilled",
         "prompt_tokens",
         "remaining",
         "rid",
         "seq",
+        "swapped",
         "trace_start",
         "wraps",
     )
@@ -77,6 +91,12 @@ class Request:
         self.pos_end = 0
         self.trace_start = -1
         self.wraps = 0
+        self.kv_pages = 0  # KV-cache pages held (memory modelled)
+        self.prefill_target = prompt_tokens  # positions to prefill: the prompt, or what a preemption lost
+        self.prefilled = 0  # positions prefilled so far (chunked prefill)
+        self.swapped = False  # preempted with its KV swapped to the host
+        self.preemptions = 0
+        self.admit_seq = 0  # admission order (the youngest running request is preempted first)
 
 
 @dataclass
@@ -90,7 +110,7 @@ class ServerRecord:
     draft_us: np.ndarray
     verify_us: np.ndarray
     batch: np.ndarray  # decoding requests
-    admitted: np.ndarray  # requests prefilled
+    admitted: np.ndarray  # requests whose prefill yielded their first token
     distinct_experts: np.ndarray  # mean distinct experts per MoE layer of the verify pass (NaN: not reported or no decode)
     # per (iteration, decoding request), iteration-major
     step_request: np.ndarray
@@ -98,35 +118,79 @@ class ServerRecord:
     step_accepted: np.ndarray
     # per request, in request id order (issued requests only)
     requests: list[Request]
+    # per iteration, with KV memory or chunked prefill modelled (None otherwise)
+    prefill_tokens: np.ndarray | None = None  # positions prefilled (prompt chunks, recomputed KV)
+    kv_pages_used: np.ndarray | None = None  # pages held at the pass (drafts included, before rollback)
+    kv_pages_free: np.ndarray | None = None
+    preempted: np.ndarray | None = None  # requests preempted
+    swap_us: np.ndarray | None = None  # KV moved to and from the host (swap preemption)
+    memory: dict[str, Any] | None = None  # the KV budget, preemptions, largest batch held in memory
 
 
 class _TableCoster:
     """Pass times of a TablePassCost expanded into lists: verify by total tokens, draft by max k."""
 
-    def __init__(self, cost: TablePassCost, max_total: int, k_cap: int) -> None:
+    def __init__(self, cost: TablePassCost, max_total: int, k_cap: int, verify_extra: int, draft_floor: int) -> None:
         self.cost = cost
         self.verify = [0.0] + [cost.pass_us(n) for n in range(1, max_total + 1)]
-        self.draft = [cost.draft_step_us * k for k in range(k_cap + 1)]
+        self.draft = [cost.draft_step_us * k for k in range(max(k_cap, draft_floor) + 1)]
+        self.extra = verify_extra
+        self.floor = draft_floor
 
     def iteration(self, batch: list[Request], draft_lens: list[int]) -> tuple[float, float]:
         """(draft µs, verify µs)."""
-        return self.draft[max(draft_lens)], self.verify[sum(draft_lens) + len(draft_lens)]
+        steps = max(draft_lens)
+        if steps < self.floor:
+            steps = self.floor
+        if self.extra:
+            return self.draft[steps], self.verify[sum(draft_lens) + len(draft_lens)]
+        return self.draft[steps], self.verify[sum(k if k else 1 for k in draft_lens)]
+
+    def mixed(self, batch: list[Request], draft_lens: list[int], chunks: list[tuple[Request, int, int]]) -> tuple[float, float]:
+        """(draft µs, verify µs) of a pass that also prefills the chunks (request, first position, tokens)."""
+        draft = 0.0
+        tokens = 0
+        if batch:
+            steps = max(max(draft_lens), self.floor)
+            draft = self.draft[steps]
+            tokens = sum(draft_lens) + len(draft_lens) if self.extra else sum(k if k else 1 for k in draft_lens)
+        tokens += sum(c for _, _, c in chunks)
+        return draft, self.verify[tokens] if tokens < len(self.verify) else self.cost.pass_us(tokens)
 
 
 class _ProtocolCoster:
     """Any BatchCostModel, asked with the batch's windows as numpy arrays."""
 
-    def __init__(self, cost: BatchCostModel) -> None:
+    def __init__(self, cost: BatchCostModel, verify_extra: int, draft_floor: int) -> None:
         self.cost = cost
+        self.extra = verify_extra
+        self.floor = draft_floor
 
-    def iteration(self, batch: list[Request], draft_lens: list[int]) -> tuple[float, float]:
-        """(draft µs, verify µs) of the batch at these draft lengths; windows that would cross a
-        sequence end are costed where the server will put them (wrapped)."""
+    def _arrays(self, batch: list[Request], draft_lens: list[int]) -> tuple[np.ndarray, ...]:
+        """Draft steps, sequences, window starts, verify tokens and contexts; windows that would
+        cross a sequence end are costed where the server will put them (wrapped)."""
         ks = np.array(draft_lens, np.int64)
         seqs = np.array([r.seq for r in batch], np.int64)
         starts = np.array([r.pos if r.pos + k < r.pos_end else r.pos_start for r, k in zip(batch, draft_lens, strict=True)], np.int64)
         context = np.array([r.prompt_tokens + r.decoded + 1 for r in batch], np.int64)
-        return self.cost.draft_us(ks, context), self.cost.verify_us(seqs, starts, ks + 1, context)
+        steps = np.maximum(ks, self.floor) if self.floor else ks
+        return steps, seqs, starts, ks + 1 if self.extra else np.maximum(ks, 1), context
+
+    def iteration(self, batch: list[Request], draft_lens: list[int]) -> tuple[float, float]:
+        """(draft µs, verify µs) of the batch at these draft lengths."""
+        steps, seqs, starts, tokens, context = self._arrays(batch, draft_lens)
+        return self.cost.draft_us(steps, context), self.cost.verify_us(seqs, starts, tokens, context)
+
+    def mixed(self, batch: list[Request], draft_lens: list[int], chunks: list[tuple[Request, int, int]]) -> tuple[float, float]:
+        """(draft µs, verify µs) of a pass that also prefills the chunks (request, first position, tokens)."""
+        steps, seqs, starts, tokens, context = self._arrays(batch, draft_lens)
+        draft = self.cost.draft_us(steps, context) if batch else 0.0
+        prefill = PrefillChunks(
+            np.array([r.seq for r, _, _ in chunks], np.int64),
+            np.array([start for _, start, _ in chunks], np.int64),
+            np.array([c for _, _, c in chunks], np.int64),
+        )
+        return draft, self.cost.mixed_us(seqs, starts, tokens, context, prefill)
 
 
 class Server:
@@ -146,6 +210,7 @@ class Server:
         seed: int,
         windows: TraceWindows | None = None,
         progress: Callable[[float], None] | None = None,
+        scheduling: Scheduling | None = None,
     ) -> None:
         if requests <= 0 and not duration_us > 0:
             raise ValueError("a run needs a request count or a duration")
@@ -162,12 +227,17 @@ class Server:
         self.windows = windows
         self.progress = progress
         self.k_cap = policy.k_cap
+        self.scheduling = scheduling or Scheduling()
+        extra = 0 if self.scheduling.moesd_slots else 1
+        floor = policy.min_draft_steps
         if isinstance(cost, TablePassCost):
-            self.coster: _TableCoster | _ProtocolCoster = _TableCoster(cost, max_batch * (self.k_cap + 1), self.k_cap)
+            longest = max_batch * (self.k_cap + 1) + (self.scheduling.token_budget if self.scheduling.chunked_prefill else 0)
+            self.coster: _TableCoster | _ProtocolCoster = _TableCoster(cost, longest, self.k_cap, extra, floor)
         else:
-            self.coster = _ProtocolCoster(cost)
+            self.coster = _ProtocolCoster(cost, extra, floor)
         self.env = simpy.Environment()
         self.queue: deque[Request] = deque()
+        self.scheduler = Scheduler(self.scheduling, self.queue, max_batch)
         self.issued: list[Request] = []
         self.completed = 0
         self._wake: simpy.Event | None = None
@@ -220,9 +290,17 @@ class Server:
         max_batch = self.max_batch
         closed = self.arrivals.kind == "closed"
         k_cap = self.k_cap
+        scheduler = self.scheduler
+        kv = scheduler.kv
+        chunked = self.scheduling.chunked_prefill
+        extended = self.scheduling.extended  # memory or chunked prefill: the scheduler decides admissions
+        budget = self.scheduling.token_budget
         no_admissions: tuple[Request, ...] = ()
         active: list[Request] = []
+        prefilling: list[Request] = []  # chunked prefill: admitted, prompt not yet done
         rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = self._it = ([], [], [], [], [])
+        self._ext = ([], [], [], [])  # prefill tokens, pages used, preempted, swap µs
+        rec_prefill_tokens, rec_pages, rec_preempted, rec_swap = self._ext
         # a cost model that counts the verify pass's routing says so after each call (`last_distinct_experts`)
         reports = self.cost if hasattr(self.cost, "last_distinct_experts") else None
         rec_admit_at, rec_prefill, rec_admitted = self._admissions = ([], [], [])  # sparse: iterations that prefilled
@@ -233,16 +311,18 @@ class Server:
         while True:
             admitted: tuple[Request, ...] | list[Request] = no_admissions
             prefill_us = 0.0
-            if queue and len(active) < max_batch:
+            if not extended and queue and len(active) < max_batch:
                 admitted = []
                 while queue and len(active) + len(admitted) < max_batch:
                     request = queue.popleft()
                     admitted.append(request)
                     prefill_us += prefill_cost(request.prompt_tokens)
             n = len(active)
+            ks: list[int] = []
             if n:
                 wanted = controller.draft_lens(active, self)
-                ks = []
+                left = budget
+                capped = chunked and budget < n * (k_cap + 1)  # else every verify window fits the budget
                 for i in range(n):
                     k = wanted[i]
                     if k > k_cap:
@@ -250,8 +330,30 @@ class Server:
                     remaining = active[i].remaining
                     if k >= remaining:
                         k = remaining - 1
+                    if capped:  # decode and verify tokens first, each request at least one
+                        limit = left - (n - i)
+                        if k > limit:
+                            k = limit
+                        left -= k + 1
                     ks.append(k)
-                draft_us, verify_us = coster.iteration(active, ks)
+            chunks: list[tuple[Request, int, int]] = []
+            swap_us = 0.0
+            if extended:
+                plan = scheduler.plan(active, ks, prefilling, prefill_cost)
+                active, ks, admitted, chunks, prefill_us, swap_us = (
+                    plan.active,
+                    plan.ks,
+                    plan.admitted,
+                    plan.chunks,
+                    plan.prefill_us,
+                    plan.swap_us,
+                )
+                n = len(active)
+            if n:
+                if chunks:
+                    draft_us, verify_us = coster.mixed(active, ks, chunks)
+                else:
+                    draft_us, verify_us = coster.iteration(active, ks)
                 rec_distinct.append(reports.last_distinct_experts if reports is not None else math.nan)
                 if windows:
                     for i in range(n):
@@ -259,9 +361,10 @@ class Server:
                         if request.pos + ks[i] >= request.pos_end:
                             request.pos = request.pos_start
                             request.wraps += 1
-            elif admitted:
-                ks = []
+            elif admitted or chunks or (extended and plan.resumed):
                 draft_us = verify_us = 0.0
+                if chunks:
+                    draft_us, verify_us = coster.mixed(active, ks, chunks)
                 rec_distinct.append(math.nan)
             else:
                 if not self._can_issue():
@@ -271,12 +374,24 @@ class Server:
                 clock = env.now
                 continue
             rec_start.append(clock)
-            yield timeout(prefill_us + draft_us + verify_us)
+            if extended:
+                rec_prefill_tokens.append(sum(c for _, _, c in chunks) + sum(r.prefill_target for r in admitted))
+                rec_pages.append(kv.capacity - kv.free if kv is not None else 0)
+                rec_preempted.append(plan.preempted)
+                rec_swap.append(swap_us)
+                yield timeout(prefill_us + draft_us + verify_us + swap_us)
+            else:
+                yield timeout(prefill_us + draft_us + verify_us)
             clock = env.now
-            if admitted:
+            resumed: list[Request] = []
+            if extended:
+                admitted, resumed = scheduler.prefilled(admitted, chunks, prefilling)
+                resumed += plan.resumed
+            first_tokens = len(admitted)
+            if first_tokens or prefill_us:
                 rec_admit_at.append(len(rec_draft))
                 rec_prefill.append(prefill_us)
-                rec_admitted.append(len(admitted))
+                rec_admitted.append(first_tokens)
             rec_draft.append(draft_us)
             rec_verify.append(verify_us)
             rec_batch.append(n)
@@ -317,6 +432,8 @@ class Server:
                     active.append(request)
                 else:
                     self._finish(request, clock, closed)
+            if resumed:
+                active.extend(resumed)
             if progress is not None:
                 countdown -= 1
                 if not countdown:
@@ -325,6 +442,8 @@ class Server:
 
     def _finish(self, request: Request, now: float, closed: bool) -> None:
         request.finish_us = now
+        if self.scheduler.kv is not None:
+            self.scheduler.kv.release(request)
         self.completed += 1
         if closed and self._can_issue():
             self._issue()
@@ -373,4 +492,20 @@ class Server:
             step_draft_len=np.asarray(step_k, np.int64),
             step_accepted=np.asarray(step_acc, np.int64),
             requests=self.issued,
+            **self._extended_record(n_iter),
         )
+
+    def _extended_record(self, n_iter: int) -> dict[str, Any]:
+        """The per-iteration columns and summary figures of memory and chunked prefill (none when both are off)."""
+        if not self.scheduling.extended:
+            return {}
+        prefill_tokens, pages, preempted, swap = (np.asarray(column[:n_iter]) for column in self._ext)
+        out: dict[str, Any] = {"prefill_tokens": prefill_tokens.astype(np.int64), "preempted": preempted.astype(np.int64)}
+        kv = self.scheduler.kv
+        if kv is not None:
+            out["kv_pages_used"] = pages.astype(np.int64)
+            out["kv_pages_free"] = kv.capacity - out["kv_pages_used"]
+            out["swap_us"] = swap.astype(np.float64)
+            longest = max(p + o for p, o in zip(self.workload.prompts, self.workload.outputs, strict=True)) + self.k_cap
+            out["memory"] = self.scheduler.describe(longest)
+        return out

@@ -12,11 +12,11 @@ import polars as pl
 import pyarrow as pa
 
 from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.unions import batch_lanes, batch_windows, union_features_many
-from moesim.kernels.windows import summarize_windows
+from moesim.kernels.reuse import group_features
+from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.sim.analysis.best_draft import draft_costs_us
 from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, win_window
-from moesim.sim.analysis.scenario import Scenario
+from moesim.sim.analysis.scenario import Scenario, mean_distinct_experts, window_distributions
 from moesim.sim.analysis.speculation import best_in_table, speedup_table, tokens_per_pass, tokens_per_pass_table
 from moesim.sim.analysis.verdict import SpecCosts, costs_on, pick
 from moesim.sim.cost.drafters import make_drafter
@@ -63,16 +63,19 @@ def pass_distributions(
     B > 1: the unions of up to `max_batches` lockstep batches of B lanes, each (batch, layer) equally likely."""
     experts, starts, n_experts = trace.experts, trace.seq_starts, trace.meta.geometry.experts
     if batch == 1:
-        summary = summarize_windows(experts, starts, n_experts, max_tokens)
-        return [summary.feature_distribution(n) for n in range(1, max_tokens + 1)], summary.mean_distinct_experts()
+        sizes = np.arange(1, max_tokens + 1)
+        distributions = window_distributions(trace, sizes)
+        return distributions, mean_distinct_experts(trace, sizes, distributions)
     lanes = batch_lanes(starts, batch)
     distributions, distinct = [], []
     for n in range(1, max_tokens + 1):
-        union = union_features_many(experts, *batch_windows(lanes, n, max_batches), n_experts)
-        f = union.routing_features()
-        flat = RoutingFeatures(f.n_tokens.ravel(), f.slots.ravel(), f.distinct_experts.ravel(), f.max_tokens_per_expert.ravel())
+        f = group_features(experts, n_experts, *batch_windows(lanes, n, max_batches))
+        flat = RoutingFeatures(
+            f.n_tokens.ravel(), f.slots.ravel(), f.distinct_experts.ravel(), f.max_tokens_per_expert.ravel(),
+            f.reread_histogram.reshape(-1, f.reread_histogram.shape[-1]), {t: r.ravel() for t, r in f.chunk_reads.items()},
+        )  # fmt: skip
         distributions.append((flat, np.full(flat.shape, 1.0 / flat.shape[0])))
-        distinct.append(float(union.distinct_experts.mean()))
+        distinct.append(float(f.distinct_experts.mean()))
     return distributions, np.asarray(distinct)
 
 

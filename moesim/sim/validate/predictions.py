@@ -13,12 +13,14 @@ import polars as pl
 from moesim.errors import InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import ExpertFamily, extrapolated
+from moesim.hw_profiles.ladder.rungs import RUNGS, worst_rung
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
-from moesim.models import ModelPreset, builtin_names, load_preset
+from moesim.models import ModelPreset, builtin_names, load_target
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.schema import TraceGeometry
-from moesim.tracegen.formats.trace import Trace, read_trace
+from moesim.tracegen.formats.trace import Trace
+from moesim.tracegen.importers import open_trace
 
 FEATURE_COLUMNS = ("distinct_experts", "slots", "max_tokens_per_expert")
 FEATURE_FIELDS = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert")  # RoutingFeatures order
@@ -42,33 +44,43 @@ class ValidateOptions:
 
 @dataclass(frozen=True)
 class Predicted:
-    """Predictions of some rows, in the rows' order: time with its bound, extrapolation factor."""
+    """Predictions of some rows, in the rows' order: time with its bound, extrapolation factor, and
+    the predicted time per rung of the lookup ladder (rows, 4)."""
 
     time_us: np.ndarray
     low_us: np.ndarray
     high_us: np.ndarray
     extrapolation: np.ndarray
+    rung_us: np.ndarray
 
     def scaled(self, factor: np.ndarray) -> Predicted:
         """Times multiplied by a per-row factor (e.g. identical MoE layers)."""
-        return Predicted(self.time_us * factor, self.low_us * factor, self.high_us * factor, self.extrapolation)
+        return Predicted(
+            self.time_us * factor, self.low_us * factor, self.high_us * factor, self.extrapolation, self.rung_us * factor[:, None]
+        )
 
     @classmethod
     def empty(cls, rows: int) -> Predicted:
         """Zero predictions (filled group by group)."""
-        return cls(np.zeros(rows), np.zeros(rows), np.zeros(rows), np.ones(rows))
+        return cls(np.zeros(rows), np.zeros(rows), np.zeros(rows), np.ones(rows), np.zeros((rows, len(RUNGS))))
 
     def put(self, index: np.ndarray | list[int], part: Predicted) -> None:
         """Write a group's predictions at its rows."""
-        for name in ("time_us", "low_us", "high_us", "extrapolation"):
+        for name in ("time_us", "low_us", "high_us", "extrapolation", "rung_us"):
             getattr(self, name)[index] = getattr(part, name)
 
     def columns(self) -> list[pl.Series]:
-        """The four prediction columns of predictions.parquet."""
+        """The prediction columns of predictions.parquet: time, bounds, the rung (the lowest one any
+        layer needed) and each rung's share of the time; `extrapolated` (rung = extrapolated) is kept
+        for one release."""
+        total = self.rung_us.sum(axis=1, keepdims=True)
+        shares = np.divide(self.rung_us, total, out=np.zeros_like(self.rung_us), where=total > 0)
         return [
             pl.Series("predicted_us", self.time_us),
             pl.Series("predicted_low_us", self.low_us),
             pl.Series("predicted_high_us", self.high_us),
+            pl.Series("rung", worst_rung(self.rung_us).tolist(), pl.String),
+            *(pl.Series(f"rung_{name}_share", shares[:, i]) for i, name in enumerate(RUNGS)),
             pl.Series("extrapolated", extrapolated(self.extrapolation)),
             pl.Series("_extrapolation", self.extrapolation),
         ]
@@ -83,18 +95,25 @@ class Context:
         self.warnings: list[str] = []
         self._traces: dict[Path, Trace] = {}
         self._presets: dict[str, ModelPreset] = {}
+        families = self.profile.expert_families
+        if options.engine is not None and options.engine not in families:
+            known = ", ".join(families)
+            raise InputError(f"--engine '{options.engine}': profile '{self.profile.name}' has no such expert family ({known})")
+        if options.model is not None:
+            self.preset(options.model)
 
     def trace(self, path: Path) -> Trace:
-        """A trace, read once."""
+        """A trace, read once: a moesim trace, or a Parquet routing table with `moe_trace` metadata
+        (imported with the geometry of the preset it names)."""
         key = path.resolve()
         if key not in self._traces:
-            self._traces[key] = read_trace(path)
+            self._traces[key] = open_trace(path, self.options.model)
         return self._traces[key]
 
     def preset(self, name: str) -> ModelPreset:
-        """A preset, loaded once."""
+        """A MoE target preset, loaded once."""
         if name not in self._presets:
-            self._presets[name] = load_preset(name)
+            self._presets[name] = load_target(name)
         return self._presets[name]
 
     def family(self, kernel: str, where: str) -> ExpertFamily:
@@ -122,7 +141,7 @@ def is_preset_reference(name: str) -> bool:
 def pass_prediction(model: StepTimeModel, features: RoutingFeatures, context_tokens: np.ndarray) -> Predicted:
     """Whole passes (features shaped (passes, MoE layers)) through the step-time model."""
     cost = model.pass_cost(features, context_tokens)
-    return Predicted(cost.total_us(), cost.low_us, cost.high_us, cost.extrapolation)
+    return Predicted(cost.total_us(), cost.low_us, cost.high_us, cost.extrapolation, cost.rung_us)
 
 
 def target_preset(name: str | None, where: str, ctx: Context, geometry: TraceGeometry | None) -> ModelPreset:
@@ -130,8 +149,6 @@ def target_preset(name: str | None, where: str, ctx: Context, geometry: TraceGeo
     if name is None or not is_preset_reference(str(name)):
         raise InputError(f"{where}: a whole pass needs the target's preset: column 'model' naming a built-in preset, or --model")
     preset = ctx.preset(str(name))
-    if preset.kind != "moe":
-        raise InputError(f"{where}: model preset '{preset.name}' has no experts")
     if geometry is not None and (preset.top_k, preset.experts, preset.moe_layers) != (
         geometry.top_k,
         geometry.experts,

@@ -11,10 +11,11 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.hw_profiles.families import ExpertFamily, ExpertInputs
+from moesim.hw_profiles.measurements.routing_reuse import calibration_reuse
 from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.unions import union_features_many
+from moesim.kernels.reuse import window_features
 from moesim.models import bytes_per_weight
-from moesim.sim.cost.steptime import StepTimeModel, finite_or_zero
+from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.validate.predictions import (
     FEATURE_COLUMNS,
     FEATURE_FIELDS,
@@ -28,6 +29,7 @@ from moesim.sim.validate.predictions import (
 )
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
+from moesim.tracegen.importers import TRACE_SUFFIXES, find_trace
 
 # ---- table rows ---------------------------------------------------------------------------------
 
@@ -67,14 +69,29 @@ class Table:
         return "pass" if all(self.value(c, row) is not None for c in SPEC_COLUMNS) else "expert"
 
     def trace_path(self, row: int, default: Path | None) -> Path:
-        """The trace of a window row: its `trace` column (relative to the table) or the default."""
+        """The trace of a window row: its `trace` column (relative to the table) or the default
+        (--trace: a file, or a folder where bare names are looked up). A bare name (no suffix)
+        is looked up as NAME.arrow or NAME.parquet (NAME may hold dots: `model_p0.50`) in that folder, the table's `traces/` folder
+        and the table's own folder, in that order."""
         text = self.value("trace", row)
-        if text is None and default is None:
-            raise InputError(f"{self.where(row)}: a window row needs a trace (column 'trace' or --trace)")
-        path = default if text is None else (Path(text) if Path(text).is_absolute() else self.source.parent / text)
-        if not path.is_file():  # type: ignore[union-attr]
-            raise InputError(f"{self.where(row)}: trace {path} does not exist")
-        return path  # type: ignore[return-value]
+        folder = default if default is not None and default.is_dir() else None
+        if text is None:
+            if default is None or folder is not None:
+                raise InputError(f"{self.where(row)}: a window row needs a trace (column 'trace' or --trace FILE)")
+            if not default.is_file():
+                raise InputError(f"{self.where(row)}: trace {default} does not exist")
+            return default
+        path = Path(text) if Path(text).is_absolute() else self.source.parent / text
+        if path.is_file():
+            return path
+        if Path(text).suffix.lower() not in TRACE_SUFFIXES:
+            folders = [f for f in (folder, self.source.parent / "traces", self.source.parent) if f is not None]
+            found = find_trace(text, folders)
+            if found is not None:
+                return found
+            looked = ", ".join(str(f) for f in folders)
+            raise InputError(f"{self.where(row)}: field 'trace' is '{text}': no {'/'.join(TRACE_SUFFIXES)} file of that name in {looked}")
+        raise InputError(f"{self.where(row)}: trace {path} does not exist")
 
     def check_model(self, row: int, geometry: TraceGeometry) -> None:
         """The row's model and shape columns, where given, must describe the trace's model."""
@@ -87,7 +104,8 @@ class Table:
                 raise InputError(f"{self.where(row)}: field '{column}' is {given}, but the trace's model '{geometry.model}' has {actual}")
 
     def given_features(self, rows: list[int]) -> RoutingFeatures:
-        """Routing features of feature rows, shape (rows, 1), checked for consistency."""
+        """Routing features of feature rows, shape (rows, 1), checked for consistency, with the reuse
+        features their `routing` implies (`hw_profiles.measurements.routing_reuse`, as the fit derives them)."""
         for row in rows:
             n, s, u, m = (self.frame[c][row] for c in FEATURE_FIELDS)
             top_k = self.value("top_k", row)
@@ -96,7 +114,10 @@ class Table:
                     f"{self.where(row)}: routing features are inconsistent (n_tokens {n}, slots {s}, distinct_experts {u}, "
                     f"max_tokens_per_expert {m}{'' if top_k is None else f', top_k {top_k}'})"
                 )
-        return RoutingFeatures(*(self.frame[c].to_numpy()[rows].astype(np.float64)[:, None] for c in FEATURE_FIELDS))
+        counts = [self.frame[c].to_numpy()[rows].astype(np.float64)[:, None] for c in FEATURE_FIELDS]
+        reuse = calibration_reuse(self.frame[rows])  # what the row's `routing` implies, as the fit derives it
+        reads = {t: r[:, None] for t, r in reuse.chunk_reads.items()}
+        return RoutingFeatures(*counts, reuse.reread_histogram[:, None, :], reads)
 
     def window_features(self, rows: list[int], trace: Trace) -> RoutingFeatures:
         """Per row and MoE layer, the features of the row's window of the trace: shape (rows, L)."""
@@ -114,8 +135,7 @@ class Table:
                 )
             starts.append(seq_starts[seq] + start)
         sizes = self.frame["n_tokens"].to_numpy()[rows]
-        union = union_features_many(trace.experts, np.arange(len(rows) + 1), np.asarray(starts), sizes, trace.meta.geometry.experts)
-        return union.routing_features()
+        return window_features(trace.experts, trace.meta.geometry.experts, np.asarray(starts), sizes)
 
     def expert_shapes(self, rows: list[int], ctx: Context) -> np.ndarray:
         """(rows, 3): hidden, intermediate and bytes of one expert, from the shape columns, else the
@@ -161,17 +181,22 @@ class Table:
         return float(start + self.frame["n_tokens"][row]) if start is not None else float(default)
 
 
-def _expert_time(family: ExpertFamily, features: RoutingFeatures, shape: np.ndarray, used_layers: np.ndarray) -> Predicted:
-    """Σ over the first `used_layers` MoE layers (last axis) of the family's time, with its ε bound."""
+def _expert_time(family: ExpertFamily, features: RoutingFeatures, shape: np.ndarray, used_layers: np.ndarray, layers: int) -> Predicted:
+    """Σ over the first `used_layers` of `layers` MoE layers (last axis) of the family's ladder, each
+    layer at its rung's ε; a row over every MoE layer is a whole pass (whole-pass bounds and transfer)."""
     x = ExpertInputs.from_arrays(  # RANGE_FIELDS order: features, then bytes, hidden, intermediate
         features.n_tokens, features.slots, features.distinct_experts, features.max_tokens_per_expert,
         shape[:, 2:3], shape[:, :1], shape[:, 1:2],
+        reread_histogram=features.reread_histogram, chunk_reads=features.chunk_reads,
     )  # fmt: skip
     used = np.arange(x.n_tokens.shape[-1])[None, :] < used_layers[:, None]
-    time_us = np.where(used, family.inputs_time_us(x), 0.0).sum(axis=-1)
-    factor = np.where(used, family.calibrated_range.factor(x), 1.0).max(axis=-1)
-    epsilon = finite_or_zero(family.heldout_error.epsilon)
-    return Predicted(time_us, time_us * (1.0 - epsilon), time_us * (1.0 + epsilon), factor)
+    out = Predicted.empty(len(used_layers))
+    for whole in (False, True):
+        rows = np.flatnonzero((used_layers == layers) == whole)
+        if rows.size:
+            part = family.sum_layers(x.select(rows), used[rows], whole_pass=whole)
+            out.put(rows, Predicted(part.time_us, part.low_us, part.high_us, part.extrapolation, part.rung_us))
+    return out
 
 
 def _predict_passes(table: Table, rows: list[int], kernel: str, features: RoutingFeatures, trace: Trace | None, ctx: Context) -> Predicted:
@@ -194,7 +219,7 @@ def _predict_passes(table: Table, rows: list[int], kernel: str, features: Routin
         preset = presets[name]
         model = StepTimeModel(preset, ctx.profile, kernel, fmt)
         shape = (len(index), len(preset.moe_layers))
-        chosen = RoutingFeatures(*(np.broadcast_to(getattr(features, f)[index], shape) for f in FEATURE_FIELDS))
+        chosen = features.select(index, shape)
         context = np.array([table.context_tokens(rows[i], ctx.options.context_tokens) for i in index], np.float64)
         out.put(index, pass_prediction(model, chosen, context))
     return out
@@ -222,10 +247,11 @@ def predict_table(table: Table, ctx: Context) -> Predicted:
             g = trace.meta.geometry
             shape = np.tile([g.hidden, g.expert_intermediate, g.expert_bytes], (len(rows), 1))
             used = np.array([table.layers(r, len(g.moe_layers), len(g.moe_layers)) for r in rows])
-            out.put(rows, _expert_time(family, features, shape, used))
+            out.put(rows, _expert_time(family, features, shape, used, len(g.moe_layers)))
         else:
             repeat = np.array([table.layers(r, 1, None) for r in rows], np.float64)
-            out.put(rows, _expert_time(family, features, table.expert_shapes(rows, ctx), np.ones(len(rows), np.int64)).scaled(repeat))
+            one = np.ones(len(rows), np.int64)
+            out.put(rows, _expert_time(family, features, table.expert_shapes(rows, ctx), one, 0).scaled(repeat))
     return out
 
 

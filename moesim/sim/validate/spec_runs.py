@@ -32,9 +32,8 @@ from moesim.atomic import write_text_atomic
 from moesim.errors import ConfigError
 from moesim.fields import build
 from moesim.hw_profiles import load_profile
-from moesim.hw_profiles.builtin import spec_paths_file, with_spec_path
+from moesim.hw_profiles.builtin import spec_paths_file, spec_paths_to_toml, with_spec_path
 from moesim.hw_profiles.provenance import FittedRow, Provenance, file_sha256
-from moesim.hw_profiles.schema import spec_paths_to_toml
 from moesim.hw_profiles.speculative import SpecPath
 from moesim.models import load_preset
 from moesim.sim.analysis.scenario import Scenario, expected_costs

@@ -26,9 +26,15 @@ which model produced them) and returns a validated in-memory `Trace`:
   `topk_weights` (same shape), `seq` and `pos` (tokens,), `is_prompt` (tokens,). A folder of
   steps is read in file-name order. Without `pos`, tokens take positions in order of arrival.
 
-`detect_source` picks the importer from the path: `.csv`/`.csv.gz`/`.parquet` → table,
-`.safetensors` → hf-logits, a folder → vllm, `.npz` → by its keys. Every imported trace records
-the source file's name and sha256 in its provenance, with what a `provenance` object adds.
+- `moe-trace`: a Parquet table of (seq, token, layer, slot, expert) rows with JSON schema
+  metadata `moe_trace` (model, E, top_k, layers, hidden, inter), as the H200 whole-pass
+  benchmark writes (`data/h200/fulldepth/traces/`); its sorted layer ids are mapped onto the
+  preset's MoE layers in order.
+
+`detect_source` picks the importer from the path: `.parquet` with `moe_trace` metadata →
+moe-trace, `.csv`/`.csv.gz`/`.parquet` → table, `.safetensors` → hf-logits, a folder → vllm,
+`.npz` → by its keys. Every imported trace records the source file's name and sha256 in its
+provenance, with what a `provenance` object adds.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from moesim.errors import InputError
+from moesim.models import builtin_names, load_preset
 from moesim.tracegen.formats.schema import TraceGeometry
-from moesim.tracegen.formats.trace import Trace
-from moesim.tracegen.importers import hf_logits, table, vllm  # noqa: F401 (they register their importers)
+from moesim.tracegen.formats.trace import Trace, read_trace
+from moesim.tracegen.importers import hf_logits, moe_trace, table, vllm  # noqa: F401 (they register their importers)
 from moesim.tracegen.importers.common import load_arrays, source_record
 from moesim.tracegen.importers.registry import IMPORTERS
 from moesim.tracegen.importers.table import table_suffix
@@ -53,6 +60,8 @@ def detect_source(path: Path) -> str:
     suffix = path.suffix.lower()
     if path.is_dir():
         return "vllm"
+    if suffix == ".parquet" and moe_trace.read_metadata(path) is not None:
+        return "moe-trace"
     if table_suffix(path):
         return "table"
     if suffix == ".safetensors":
@@ -78,3 +87,25 @@ def import_routing(
     trace = IMPORTERS.create(name).read(path, geometry, normalize)
     record = {**(provenance or {}), **source_record(path)}
     return dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, provenance=record)) if record else trace
+
+
+TRACE_SUFFIXES = (".arrow", ".parquet")  # a moesim trace, or a moe-trace routing table (imported on reading)
+
+
+def find_trace(name: str, folders: list[Path]) -> Path | None:
+    """A bare trace name (no .arrow/.parquet suffix; it may hold dots, `model_p0.50`) as NAME.arrow
+    or NAME.parquet in the first of the folders that has one."""
+    for candidate in (folder / f"{name}{suffix}" for folder in folders for suffix in TRACE_SUFFIXES):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def open_trace(path: Path, model: str | None = None) -> Trace:
+    """A moesim trace (Arrow IPC), or a Parquet moe-trace table imported with the geometry of the
+    preset it names (else of `model`)."""
+    if path.suffix.lower() != ".parquet":
+        return read_trace(path)
+    name = moe_trace.traced_model(path)
+    preset = load_preset(name if name in builtin_names("moe") or model is None else model)
+    return import_routing(path, TraceGeometry.from_preset(preset), "moe-trace")

@@ -24,7 +24,8 @@ def table_suffix(path: Path) -> str:
     return next((suffix for suffix in sorted(TABLE_SUFFIXES, key=len, reverse=True) if name.endswith(suffix)), "")
 
 
-def _read_table(path: Path) -> pl.DataFrame:
+def read_table(path: Path) -> pl.DataFrame:
+    """A Parquet, CSV or gzipped CSV file as a frame (one line when it does not read)."""
     suffix = table_suffix(path)
     try:
         if suffix.startswith(".csv"):
@@ -106,7 +107,12 @@ def _sequence_keys(frame: pl.DataFrame, path: Path) -> tuple[np.ndarray, np.ndar
 
 def import_table(path: Path, geometry: TraceGeometry) -> Trace:
     """A Parquet/CSV table of routing rows (see the package docstring for both layouts)."""
-    frame = _read_table(path)
+    return routing_from_frame(read_table(path), geometry, path, "table")
+
+
+def routing_from_frame(frame: pl.DataFrame, geometry: TraceGeometry, path: Path, engine: str) -> Trace:
+    """Routing rows (either layout) as a checked trace; `layer` is the model's own layer index
+    (a MoE layer of the geometry), `engine` what the trace records as its source."""
     moe = np.asarray(geometry.moe_layers, np.int64)
     n_layers, k = moe.shape[0], geometry.top_k
     position = "token" if "token" in frame.columns else "pos"
@@ -176,4 +182,4 @@ def import_table(path: Path, geometry: TraceGeometry) -> Trace:
             )
         )
         names.append(tasks[pos_seq[a] // (int(seq.max(initial=0)) + 1)] if tasks else "")
-    return assemble(geometry, sequences, "table", path, groups_of(names))
+    return assemble(geometry, sequences, engine, path, groups_of(names))

@@ -38,7 +38,7 @@ import numpy as np
 
 from moesim.atomic import atomic_path
 from moesim.errors import ConfigError
-from moesim.fields import option
+from moesim.fields import option, option_name
 
 ARCHITECTURES = ("qwen3moe", "llama", "qwen2moe", "olmoe", "deepseek2")
 WEIGHT_TYPES = ("F32", "F16")
@@ -123,7 +123,9 @@ def check_spec(spec: TinyModelSpec) -> None:
     """Reject specs llama.cpp cannot load (one line naming the field and value)."""
 
     def bad(field: str, why: str) -> ConfigError:
-        return ConfigError(f"tiny model spec: field '{field}' = {getattr(spec, field)!r}: {why}")
+        spelling = option_name(TinyModelSpec, field)
+        also = "" if spelling == "--" + field.replace("_", "-") else f" ({spelling})"
+        return ConfigError(f"tiny model spec: field '{field}'{also} = {getattr(spec, field)!r}: {why}")
 
     if spec.arch not in ARCHITECTURES:
         raise bad("arch", f"must be one of {', '.join(ARCHITECTURES)}")

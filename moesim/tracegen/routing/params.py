@@ -113,6 +113,8 @@ def _interpolate(value: Any, n_layers: int) -> Any:
 def load_params(path: str | Path, geometry: TraceGeometry) -> RoutingGenerator:
     """A generator from a parameter file (or a built-in one by name), its per-layer values mapped onto the geometry's MoE layers."""
     path = resolve_params(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such parameter file (built-in: {', '.join(BUILTIN_PARAMS)})")
     data = read_toml(path, "parameter")
     if data.get("format") != PARAMS_FORMAT:
         raise InputError(f"{path}: key 'format' is {data.get('format')!r}, expected {PARAMS_FORMAT!r}")

@@ -1,0 +1,161 @@
+"""KV-cache memory as vLLM pages it: capacity from the device, the weights and a reserve; pages
+of `block_tokens` tokens; what a request holds.
+
+    capacity (bytes, one device) = memory · utilization − weights on the device − reserve
+    page bytes = block_tokens · KV bytes per token on the device
+    pages = ⌊capacity / page bytes⌋
+
+Weights on a device: the target's weights in their format over its G tensor-parallel devices,
+plus the draft model's (which sits on the first device); KV bytes per token: the target's
+layers × its attention's bytes per token on one device (MHA/GQA: 2 · KV heads · head dim ·
+bytes, the heads split over the devices; MLA: the latent and rope key, replicated), plus the
+draft model's KV on the first device. The first device is the tightest one, so its pages bound
+the run. Device memory and the host link come from the device catalog.
+
+A request holds pages for the KV it has written: a decode step of k drafts writes k + 1
+positions (the last committed token and the drafts), so it needs ⌈(P + d + k + 1) / block⌉
+pages (P prompt tokens, d tokens committed by decode passes). Rejected drafts are rolled back
+after the pass (their positions are overwritten by the next tokens) while their pages stay with
+the request, as vLLM keeps them; pages go back to the pool when the request finishes or is
+preempted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from moesim.errors import ConfigError
+from moesim.fields import require
+from moesim.hw_profiles.catalog import DeviceSpec, LinkSpec
+from moesim.models import ModelPreset
+from moesim.sim.cost.parallel import Parallelism
+
+
+@dataclass(frozen=True)
+class MemorySection:
+    """`[memory]`: KV-cache accounting (absent: memory is not modelled)."""
+
+    PREEMPTIONS: ClassVar[tuple[str, ...]] = ("recompute", "swap")
+    block_tokens: int = 16
+    pages: int = 0
+    utilization: float = 0.9
+    reserve_gb: float = 0.0
+    kv_bytes_per_element: float = 2.0
+    preemption: str = "recompute"
+
+    def __post_init__(self) -> None:
+        require(self.block_tokens >= 1, "block_tokens", f"must be >= 1, got {self.block_tokens}")
+        require(self.pages >= 0, "pages", f"must be >= 0 (0: from the device's memory), got {self.pages}")
+        require(math.isfinite(self.utilization) and 0 < self.utilization <= 1, "utilization", f"must lie in (0, 1], got {self.utilization}")
+        require(math.isfinite(self.reserve_gb) and self.reserve_gb >= 0, "reserve_gb", f"must be >= 0, got {self.reserve_gb}")
+        require(
+            math.isfinite(self.kv_bytes_per_element) and self.kv_bytes_per_element > 0,
+            "kv_bytes_per_element",
+            f"must be > 0, got {self.kv_bytes_per_element}",
+        )
+        require(self.preemption in self.PREEMPTIONS, "preemption", f"unknown preemption '{self.preemption}' (known: recompute, swap)")
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """The pages a run has, and what they rest on (for the summary)."""
+
+    pages: int
+    block_tokens: int
+    preemption: str
+    page_bytes: float = math.nan  # one device's bytes per page (NaN: pages given, no model)
+    usable_gb: float = math.nan
+    weights_gb: float = math.nan
+    device: str = ""
+    host_link: LinkSpec | None = None
+
+    def swap_us(self, pages: int) -> float:
+        """Moving `pages` pages over the host link one way: latency + bytes / bandwidth."""
+        link = self.host_link
+        assert link is not None
+        return link.latency_us + pages * self.page_bytes / (link.bandwidth_gbps * 1e3)
+
+    def describe(self) -> dict[str, Any]:
+        """The budget's figures for summary.json."""
+        return {
+            "pages": self.pages,
+            "block_tokens": self.block_tokens,
+            "capacity_tokens": self.pages * self.block_tokens,
+            "preemption": self.preemption,
+            "page_bytes": self.page_bytes,
+            "usable_gb": self.usable_gb,
+            "weights_gb": self.weights_gb,
+            "device": self.device,
+            "host_link": self.host_link.key if self.host_link is not None else None,
+        }
+
+
+def kv_budget(
+    section: MemorySection,
+    target: ModelPreset | None,
+    weight_format: str,
+    draft: ModelPreset | None,
+    device: DeviceSpec | None,
+    parallel: Parallelism,
+    host_link: LinkSpec | None,
+) -> KVBudget:
+    """The pages of the first device (see the module docstring); `section.pages` > 0 overrides
+    the device. A target whose weights leave no room is a one-line error naming the model, the
+    format and the device."""
+    if section.pages and section.preemption != "swap":
+        return KVBudget(section.pages, section.block_tokens, section.preemption)
+    if target is None or device is None:
+        raise ConfigError(
+            "pages from a device's memory, and swapping, need the target model and its device ([target] model, profile or device)"
+        )
+    weights = target.weight_bytes(weight_format) / parallel.devices
+    kv_per_token = parallel.kv_bytes_per_token(target, section.kv_bytes_per_element)
+    if draft is not None:
+        weights += draft.weight_bytes()
+        kv_per_token += draft.kv_cache_bytes_per_token(section.kv_bytes_per_element)
+    usable = device.memory_gb * 1e9 * section.utilization - section.reserve_gb * 1e9
+    page_bytes = section.block_tokens * kv_per_token
+    pages = section.pages or int((usable - weights) // page_bytes)
+    if pages < 1:
+        over = f" over {parallel.devices} devices" if parallel.devices > 1 else ""
+        drafted = f" and draft model '{draft.name}'" if draft is not None else ""
+        raise ConfigError(
+            f"weights of '{target.name}' in {weight_format}{over}{drafted} ({weights / 1e9:.1f} GB on one device) leave no room for "
+            f"a KV page on {device.name} ({device.memory_gb:g} GB, {usable / 1e9:.1f} GB usable at utilization {section.utilization:g} "
+            f"and reserve {section.reserve_gb:g} GB)"
+        )
+    if section.preemption == "swap" and host_link is None:
+        raise ConfigError(f"preemption 'swap' needs a host link; {device.name} has none in the device catalog")
+    return KVBudget(pages, section.block_tokens, section.preemption, page_bytes, usable / 1e9, weights / 1e9, device.key, host_link)
+
+
+class KVCache:
+    """The free pages of a run; requests hold theirs in `kv_pages`."""
+
+    __slots__ = ("block_tokens", "capacity", "free")
+
+    def __init__(self, pages: int, block_tokens: int) -> None:
+        self.capacity = pages
+        self.block_tokens = block_tokens
+        self.free = pages
+
+    def pages_for(self, tokens: int) -> int:
+        """⌈tokens / block⌉."""
+        return -(-tokens // self.block_tokens)
+
+    def grow(self, request: Any, tokens: int) -> bool:
+        """Give the request pages for `tokens` KV positions; False (nothing taken) if too few are free."""
+        extra = -(-tokens // self.block_tokens) - request.kv_pages
+        if extra > self.free:
+            return False
+        if extra > 0:
+            self.free -= extra
+            request.kv_pages += extra
+        return True
+
+    def release(self, request: Any) -> None:
+        """Every page of the request back to the pool."""
+        self.free += request.kv_pages
+        request.kv_pages = 0

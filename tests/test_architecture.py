@@ -20,7 +20,7 @@ ALLOWED = {
     "fields": {"errors", "registry"},
     "filters": {"errors"},
     "machine": set(),
-    "models": {"errors", "tomlfile"},
+    "models": {"errors", "tomlfile", "fields", "registry"},
     "kernels": set(),
     "tracegen": BASE | {"kernels"},
     "hw_profiles": BASE | {"kernels"},

@@ -14,9 +14,10 @@ derives from `Checked` declares each field's bounds in the field's metadata:
 Constructing the class checks them all (from a file, from command-line options, from code),
 then runs the class's own `__post_init__` for cross-field rules, which raise
 `FieldError(field, message)` (or call `require`). `build` checks unknown keys, missing
-required keys and every value's type against the annotation (a nested `Checked` class is a
+required keys and every value's type against the annotation (a nested dataclass is a
 sub-table, a tuple of them a list of tables), then constructs the class; a `FieldError`
-becomes `FILE: key 'section.field': message`.
+becomes `FILE: key 'section.field': message`. `construct` does the same without a file (a
+FieldError naming the key path), for tables that come from elsewhere (generator parameters).
 """
 
 from __future__ import annotations
@@ -139,16 +140,19 @@ def _values(value: Any) -> list[Any]:
     return list(value) if isinstance(value, tuple | list) else [value]
 
 
+def _check_value(field: dataclasses.Field[Any], value: Any) -> None:
+    bounds = field_bounds(field)
+    for item in _values(value):
+        problem = bounds.problem(item) if item is not None else None
+        if problem:
+            raise FieldError(field.name, problem)
+
+
 def check_fields(instance: Any) -> None:
     """Raise FieldError for the first field of `instance` outside its bounds (every item of a tuple)."""
     for field in dataclasses.fields(instance):
-        if not field.init:
-            continue
-        bounds = field_bounds(field)
-        for value in _values(getattr(instance, field.name)):
-            problem = bounds.problem(value) if value is not None else None
-            if problem:
-                raise FieldError(field.name, problem)
+        if field.init:
+            _check_value(field, getattr(instance, field.name))
 
 
 class Checked:
@@ -188,21 +192,15 @@ def _type_name(annotation: Any) -> str:
 _NO = object()
 
 
-class _Nested(Exception):
-    """A nested table's own error, already naming its key path."""
-
-    def __init__(self, error: ConfigError) -> None:
-        self.error = error
-
-
-def _convert(annotation: Any, value: Any, base_dir: Path, context: tuple[str, str, str] = ("", "", "key")) -> Any:
-    """The value converted to the annotation's type, or _NO when it does not fit."""
+def _convert(annotation: Any, value: Any, base_dir: Path, key: str) -> Any:
+    """The value converted to the annotation's type, or _NO when it does not fit (a nested table's
+    own problem is a FieldError naming its key path)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             if option is type(None):
                 continue
-            converted = _convert(option, value, base_dir, context)
+            converted = _convert(option, value, base_dir, key)
             if converted is not _NO:
                 return converted
         return _NO
@@ -210,16 +208,15 @@ def _convert(annotation: Any, value: Any, base_dir: Path, context: tuple[str, st
         if not isinstance(value, list | tuple):
             return _NO
         item_type = typing.get_args(annotation)[0]
-        items = [_convert(item_type, v, base_dir, (context[0], f"{context[1]}[{i}]", context[2])) for i, v in enumerate(value)]
+        items = [_convert(item_type, v, base_dir, f"{key}[{i}]") for i, v in enumerate(value)]
         return _NO if any(i is _NO for i in items) else tuple(items)
     if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
         if not isinstance(value, dict):
             return _NO
-        source, section, noun = context
         try:
-            return build(annotation, value, section, source, base_dir, noun=noun)
-        except ConfigError as exc:
-            raise _Nested(exc) from None
+            return construct(annotation, value, base_dir)
+        except FieldError as exc:
+            raise FieldError(f"{key}.{exc.field}", exc.detail) from None
     if annotation is bool:
         return value if isinstance(value, bool) else _NO
     if annotation is int:
@@ -237,35 +234,38 @@ def _convert(annotation: Any, value: Any, base_dir: Path, context: tuple[str, st
     raise TypeError(f"unsupported config annotation {annotation}")
 
 
-def build(cls: type, table: Any, section: str, source: str, base_dir: Path, skip: tuple[str, ...] = (), noun: str = "key") -> Any:
-    """Construct dataclass `cls` from table `table` of `section` (keys in `skip` are ignored);
-    errors read `SOURCE: NOUN 'section.key': ...` (noun: 'key' in TOML, 'metadata key' in a file's metadata)."""
-    where = f"{section}." if section else ""
+def construct(cls: type, table: Any, base_dir: Path = Path("."), skip: tuple[str, ...] = ()) -> Any:
+    """Dataclass `cls` from a table of keys (those in `skip` ignored): unknown keys, missing required
+    keys, each value's type and every field's bounds checked; any problem is a FieldError of its key path."""
     if not isinstance(table, dict):
-        raise ConfigError(f"{source}: {noun} '{section}' must be a table")
+        raise FieldError("", f"must be a table, got {_shown(table)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in table:
         if key not in fields and key not in skip:
-            known = ", ".join(sorted(fields)) or "none"
-            raise ConfigError(f"{source}: {noun} '{where}{key}': unknown key (known: {known})")
+            raise FieldError(str(key), f"unknown key (known: {', '.join(sorted(fields)) or 'none'})")
     kwargs = {}
     for name, field in fields.items():
         if name not in table:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{source}: {noun} '{where}{name}' is required")
+                raise FieldError(name, "is required")
             continue
-        try:
-            converted = _convert(hints[name], table[name], base_dir, (source, f"{where}{name}", noun))
-        except _Nested as nested:
-            raise nested.error from None
+        converted = _convert(hints[name], table[name], base_dir, name)
         if converted is _NO:
-            raise ConfigError(f"{source}: {noun} '{where}{name}' must be {_type_name(hints[name])}, got {_shown(table[name])}")
+            raise FieldError(name, f"must be {_type_name(hints[name])}, got {_shown(table[name])}")
+        _check_value(field, converted)  # in the order of the fields, before the class's own checks
         kwargs[name] = converted
+    return cls(**kwargs)
+
+
+def build(cls: type, table: Any, section: str, source: str, base_dir: Path, skip: tuple[str, ...] = (), noun: str = "key") -> Any:
+    """`construct` of table `table` of `section` in file `source`; errors read `SOURCE: NOUN
+    'section.key': ...` (noun: 'key' in TOML, 'metadata key' in a file's metadata)."""
     try:
-        return cls(**kwargs)
+        return construct(cls, table, base_dir, skip)
     except FieldError as exc:
-        raise ConfigError(f"{source}: {noun} '{where}{exc.field}': {exc.detail}") from None
+        path = ".".join(p for p in (section, exc.field) if p)
+        raise ConfigError(f"{source}: {noun} '{path}': {exc.detail}") from None
 
 
 def _shown(value: Any) -> str:

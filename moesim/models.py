@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from moesim.atomic import protect
 from moesim.errors import ConfigError, InputError
 from moesim.fields import Checked, FieldError, build, checked, require
 from moesim.tomlfile import read_toml
@@ -359,6 +360,7 @@ def load_preset(name_or_path: str | Path) -> ModelPreset:
         if path.suffix == ".json":
             if not path.is_file():
                 raise InputError(f"{path}: no such preset file")
+            protect(path)
             return preset_from_hf_config(path)
         data = read_toml(path, "preset")
         if len(data) == 1 and isinstance(next(iter(data.values())), dict) and "layers" not in data:

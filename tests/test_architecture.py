@@ -14,13 +14,13 @@ BASE = {"errors", "tomlfile", "atomic", "registry", "fields", "filters", "machin
 # What each part may import from moesim (besides itself).
 ALLOWED = {
     "errors": set(),
-    "tomlfile": {"errors"},
+    "tomlfile": {"errors", "atomic"},
     "atomic": {"errors"},
     "registry": {"errors"},
     "fields": {"errors", "registry"},
     "filters": {"errors"},
-    "machine": set(),
-    "models": {"errors", "tomlfile", "fields", "registry"},
+    "machine": {"errors"},
+    "models": {"errors", "tomlfile", "fields", "registry", "atomic"},
     "kernels": set(),
     "tracegen": BASE | {"kernels"},
     "hw_profiles": BASE | {"kernels"},

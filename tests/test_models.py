@@ -208,7 +208,7 @@ def test_user_toml_preset_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="key 'top_k': must be <= experts \\(8\\), got 9"):
         load_preset(bad)
     bad.write_text(good.read_text().replace("hidden = 64", "hidden = -1"))
-    with pytest.raises(ConfigError, match="key 'hidden': must be in 1..1048576, got -1"):
+    with pytest.raises(ConfigError, match=r"key 'hidden': must be in 1\.\.1048576, got -1"):
         load_preset(bad)
     with pytest.raises(InputError, match="unknown model preset 'nope'"):
         load_preset("nope")

@@ -278,7 +278,7 @@ CONFIG_ERRORS = [
     ("[grid]\nmodels = ['deepseek-v2-lite']\nmax_draft = 64", "key 'grid.max_draft': must lie in 0..63"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\nmax_pass = 0", "key 'grid.max_pass'"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\nbatch = [1, 4, 4]", "key 'grid.batch': lists 4 twice"),
-    ("[grid]\nmodels = ['deepseek-v2-lite']\nbatch = 4", "key 'grid.batch' must be a list of"),
+    ("[grid]\nmodels = ['deepseek-v2-lite']\nbatch = 4", "key 'grid.batch': must be a list of"),
     ("[grid]\nmodels = ['no-such-model']", "key 'grid.models': unknown model preset 'no-such-model'"),
     ("[grid]\nmodels = ['qwen3-0.6b']", "key 'grid.models': model 'qwen3-0.6b' has no experts"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\nprofiles = ['no-gpu']", "key 'grid.profiles': unknown hardware profile 'no-gpu'"),

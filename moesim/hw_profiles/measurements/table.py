@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from moesim.atomic import protect
 from moesim.errors import InputError, first_line
 
 TABLE_NAME = "measurements.parquet"
@@ -94,6 +95,7 @@ def is_dedup_family(kernel: str) -> bool:
 def _read_raw(path: Path) -> pl.DataFrame:
     if not path.is_file():
         raise InputError(f"{path}: no such measurement table")
+    protect(path)
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":

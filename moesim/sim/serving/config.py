@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from moesim.errors import ConfigError, InputError, MoesimError
+from moesim.errors import ConfigError, MoesimError
 from moesim.fields import FieldError, build, build_entry, require
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
@@ -480,9 +480,10 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         if target.model is None:
             raise ConfigError(f"{source}: key 'target.model' is required to synthesise a trace (trace.synth)")
         try:
-            make_generator(trace.synth, **trace.synth_params)
-        except InputError as exc:
-            raise ConfigError(f"{source}: key 'trace.synth': {exc}") from None
+            make_generator(trace.synth, trace.synth_params)
+        except FieldError as exc:
+            key = f"trace.synth_params.{exc.field}" if exc.field else "trace.synth"
+            raise ConfigError(f"{source}: key '{key}': {exc.detail}") from None
     if cost.kind == "steptime":
         for key in ("model", "profile"):
             if getattr(target, key) is None:

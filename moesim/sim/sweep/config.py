@@ -154,9 +154,9 @@ class Routing:
         require(bool(self.generator) != (self.trace is not None), "generator", "give exactly one of 'generator' or 'trace'")
         if self.generator:
             try:
-                make_generator(self.generator, **self.params)
-            except (MoesimError, TypeError) as exc:
-                raise FieldError("params" if self.params else "generator", str(exc)) from None
+                make_generator(self.generator, self.params)
+            except FieldError as exc:
+                raise FieldError(f"params.{exc.field}" if exc.field else "generator", exc.detail) from None
         else:
             require(not self.params, "params", "generator parameters need a 'generator'")
         require(self.tokens >= 1, "tokens", f"must be >= 1, got {self.tokens}")

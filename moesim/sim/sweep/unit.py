@@ -48,7 +48,7 @@ def unit_trace(config: SweepConfig, model: str, routing: Routing, batch: int) ->
         if path is not None:
             _TRACES[key] = read_trace(path)
         else:
-            generator = make_generator(routing.generator, **routing.params)
+            generator = make_generator(routing.generator, routing.params)
             _TRACES[key] = synthesize(config.presets[model], generator, tokens, seqs, routing.seed, config.grid.weight_format or None)
     return _TRACES[key]
 

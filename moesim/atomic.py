@@ -33,6 +33,7 @@ MANIFEST = ".moesim-outputs"
 MANIFEST_FORMAT = "moesim-outputs/1"
 _STAGING = ".moesim-staging"
 _PROTECTED: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("moesim_protected_inputs", default=None)
+_STAGED: list[Path] = []  # staging folders being filled: what a command writes there and reads back is not an input
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -59,7 +60,9 @@ def protect(*paths: str | os.PathLike[str] | None) -> None:
             continue
         candidate = Path(path)
         if candidate.exists():
-            inputs.append(candidate.resolve())
+            resolved = candidate.resolve()
+            if not any(resolved == s or s in resolved.parents for s in _STAGED):
+                inputs.append(resolved)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -283,11 +286,13 @@ def output_dir(path: str | os.PathLike[str], force: bool = False) -> Iterator[Pa
         raise InputError(f"{target}: cannot create the output folder ({exc.strerror or exc.__class__.__name__})") from None
     _remove_stale_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}.{os.getpid()}.", suffix=".part", dir=target))
+    _STAGED.append(staging.resolve())
     try:
         yield staging
         _check_not_input(target, folder=True, staging=staging)
         _commit(staging, target)
     finally:
+        _STAGED.remove(staging.resolve())
         shutil.rmtree(staging, ignore_errors=True)
         if created:
             with contextlib.suppress(OSError):

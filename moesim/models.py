@@ -202,6 +202,12 @@ class ModelPreset(Checked):
         if self.kind == "dense" or self.dense_layers:
             require(self.dense_intermediate >= 1, "dense_intermediate", "is required (>= 1) for dense layers")
 
+    def require_moe(self, purpose: str) -> ModelPreset:
+        """This preset; a dense one is one line saying what (`purpose`) needs a MoE model."""
+        if self.kind != "moe":
+            raise InputError(f"model preset '{self.name}' has no experts; {purpose} needs a MoE model")
+        return self
+
     # ---- layer structure -------------------------------------------------------------
 
     @cached_property

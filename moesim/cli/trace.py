@@ -212,8 +212,8 @@ def trace_fit(
     sequences: Annotated[
         str, typer.Option(help="Sequences to fit: all, a sequence group of the trace (e.g. law), optionally :even or :odd.")
     ] = "all",
-    seed: Annotated[int, typer.Option(help="Seed of the simulations.")] = 0,
-    max_positions: Annotated[int, typer.Option(help="Fit on at most this many positions (first sequences).")] = 1 << 15,
+    seed: Annotated[int, typer.Option(help="Seed of the simulations.", min=0, max=MAX_SEED)] = 0,
+    max_positions: Annotated[int, typer.Option(help="Fit on at most this many positions (first sequences).", min=1)] = 1 << 15,
 ) -> None:
     """Fit a routing generator per MoE layer by simulated moments (for `trace synth --params`)."""
     from moesim.tracegen.formats.select import select

@@ -573,6 +573,12 @@ def profile_to_toml(profile: HardwareProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_profile(profile: HardwareProfile, origin: str) -> HardwareProfile:
+    """The profile, checked as a file of it would be; a problem is blamed on `origin` (the input it came from)."""
+    profile_from_dict(tomllib.loads(profile_to_toml(profile)), origin)
+    return profile
+
+
 def write_profile(path: str | os.PathLike[str], profile: HardwareProfile) -> None:
     """Write a profile atomically (validated by reading the text back first)."""
     text = profile_to_toml(profile)

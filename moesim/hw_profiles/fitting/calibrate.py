@@ -30,6 +30,7 @@ from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.measurements.table import DEVICE_NAME, load_measurements
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance, file_sha256
+from moesim.hw_profiles.schema import check_profile
 
 DENSE_COMPUTE_SHARE = 0.7
 DENSE_TRANSFER = 0.10
@@ -306,6 +307,7 @@ def fit_profile(
         notes=tuple(notes),
         section_sources=section_sources,
     )
+    check_profile(profile, f"{table} (the profile fitted from its {frame.height} rows)")
     return FitReport(profile, fits, frame.height, notes, transfers)
 
 

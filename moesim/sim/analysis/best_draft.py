@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings
+from moesim.errors import InputError
+from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, expected_costs, extrapolation_warnings
 from moesim.sim.analysis.speculation import (
     best_draft,
     break_even_alpha,
@@ -107,6 +108,11 @@ def best_draft_analysis(scenario: Scenario, alphas: list[float] | np.ndarray, ma
     """Best draft length k = 0..max_draft per α, with intervals from the families' ε."""
     alpha = check_acceptance(np.asarray(alphas, np.float64))
     check_draft_lengths(max_draft, "max draft length")
+    if max_draft > LARGEST_PASS - 1:  # a verify pass is k + 1 tokens
+        raise InputError(f"the largest draft length (--max-draft) must lie in 0..{LARGEST_PASS - 1}, got {max_draft}")
+    longest = int(scenario.trace.seq_lengths().max())
+    if max_draft + 1 > longest:
+        raise InputError(f"--max-draft {max_draft} needs passes of {max_draft + 1} positions; the longest in the trace has {longest}")
     cost = expected_costs(scenario, np.arange(1, max_draft + 2))
     draft = draft_costs_us(scenario, max_draft)
     uses_dense = scenario.drafter.provenance == "profile"

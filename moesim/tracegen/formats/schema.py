@@ -4,7 +4,7 @@ An Arrow IPC file, one row per (sequence, position, MoE layer), sorted by (seq, 
 
 | column      | type                                   | meaning                                       |
 |-------------|----------------------------------------|-----------------------------------------------|
-| `seq`       | uint32                                 | sequence (prompt) index, from 0, increasing   |
+| `seq`       | uint32                                 | sequence (prompt) index: 0, 1, 2, ... in order|
 | `pos`       | uint32                                 | position in the sequence, 0, 1, 2, ...        |
 | `layer`     | uint16                                 | the model's own layer index of a MoE layer    |
 | `is_prompt` | bool                                   | prompt token (true) or generated (false)      |
@@ -79,8 +79,7 @@ class TraceGeometry(Checked):
     def from_preset(cls, preset: ModelPreset, weight_format: str | None = None, purpose: str = "routing") -> TraceGeometry:
         """Geometry of a MoE preset in a weight format (default: the preset's own); a dense preset is
         one line saying what (`purpose`) needs a MoE model."""
-        if preset.kind != "moe":
-            raise InputError(f"model preset '{preset.name}' has no experts; {purpose} needs a MoE model")
+        preset.require_moe(purpose)
         fmt = (weight_format or preset.default_format).upper()
         return cls(
             model=preset.name,

@@ -126,10 +126,10 @@ class TraceWriter:
         if experts.shape[1:] != (len(g.moe_layers), g.top_k):
             raise InputError(f"{self.path}: appended experts have shape {experts.shape[1:]}, expected {(len(g.moe_layers), g.top_k)}")
         continues = self._last is not None and (seq, start_pos) == (self._last[0], self._last[1] + 1)
-        starts_new = start_pos == 0 and (self._last is None or seq > self._last[0])
+        starts_new = start_pos == 0 and seq == (0 if self._last is None else self._last[0] + 1)
         if not (continues or starts_new):
             raise InputError(
-                f"{self.path}: positions must be appended in order, each sequence from position 0 "
+                f"{self.path}: positions must be appended in order, sequences numbered 0, 1, 2, ..., each from position 0 "
                 f"(got seq {seq} pos {start_pos} after {self._last})"
             )
         if starts_new and self._last is not None:
@@ -351,13 +351,18 @@ def _validate_rows(rows: _Rows, meta: TraceMeta, prev: tuple[int, int] | None, s
     pos = rows.pos[::n_layers].astype(np.int64)
     prev_seq = np.concatenate([[prev[0] if prev else -1], seq[:-1]])
     prev_pos = np.concatenate([[prev[1] if prev else -1], pos[:-1]])
-    ok = np.where(seq == prev_seq, pos == prev_pos + 1, (seq > prev_seq) & (pos == 0))
-    bad = np.flatnonzero(~ok)
+    new_seq = (seq == prev_seq + 1) & (pos == 0)
+    bad = np.flatnonzero(~np.where(seq == prev_seq, pos == prev_pos + 1, new_seq))
     if bad.size:
-        i = int(bad[0]) * n_layers
+        i, b = int(bad[0]) * n_layers, int(bad[0])
+        if seq[b] != prev_seq[b] and seq[b] != prev_seq[b] + 1:
+            raise InputError(
+                f"{source}: {_row_label(rows, i)}: field 'seq' is {seq[b]}, expected {prev_seq[b] + 1} "
+                "(sequences are numbered 0, 1, 2, ... in order)"
+            )
         raise InputError(
             f"{source}: {_row_label(rows, i)}: field 'pos': rows are not sorted by (seq, pos, layer) with positions contiguous from 0 "
-            f"(previous position: seq {prev_seq[bad[0]]}, pos {prev_pos[bad[0]]})"
+            f"(previous position: seq {prev_seq[b]}, pos {prev_pos[b]})"
         )
     # ids in range, no repeated expert in one token's top-k
     experts = rows.experts

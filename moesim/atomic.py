@@ -224,6 +224,11 @@ def check_out_dir(out_dir: Path, force: bool = False) -> None:
         raise InputError(f"{out_dir}: output folder is not writable")
     if not out_dir.is_dir():
         _check_name_length(out_dir)
+        try:  # a folder the file system refuses (/proc, /sys) fails here, before any work
+            out_dir.mkdir()
+            out_dir.rmdir()
+        except OSError as exc:
+            raise InputError(f"{out_dir}: cannot create the output folder ({exc.strerror or exc.__class__.__name__})") from None
     _check_not_input(out_dir, folder=True)
     if out_dir.is_dir() and _manifest(out_dir) is None and not force:
         foreign = _foreign(out_dir)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from moesim.atomic import protect
+from moesim.atomic import check_out_dir, protect
 from moesim.cli.analysis import JsonOpt
 from moesim.cli.options import ForceOpt
 from moesim.cli.render import console, interrupted, line, print_json, progress
@@ -69,6 +69,7 @@ def report_command(
     from moesim.sim.report.page import write_report
 
     protect(*results)
+    check_out_dir(out, force)
     report = write_report(results, out, filters or [], alpha or [], force)
     for note in report.notes:
         line(f"moesim: note: {note}")

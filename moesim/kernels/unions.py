@@ -25,9 +25,10 @@ import numba
 import numpy as np
 
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.jit import njit
 
 
-@numba.njit(cache=True)
+@njit
 def _union_groups(experts, n_experts, group_offsets, starts, lengths, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
     """Fill out_u[g, l], out_m[g, l] for each group; if hist has more than one column, add each
     expert's token count c >= 1 to hist[l, c]. `counts` (L, W), W > E, is zero on entry and on
@@ -65,7 +66,7 @@ def _union_groups(experts, n_experts, group_offsets, starts, lengths, counts, ou
             raise ValueError("expert id >= n_experts")
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(parallel=True)
 def _union_groups_parallel(experts, n_experts, group_offsets, starts, lengths, bounds, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
     """`_union_groups` for group ranges [bounds[b], bounds[b+1]) in parallel, scratch counts[b]."""
     for b in numba.prange(bounds.shape[0] - 1):

@@ -88,8 +88,10 @@ class Bounds:
         low = (self.ge, "[") if self.ge is not None else (self.gt, "(")
         high = (self.le, "]") if self.le is not None else (self.lt, ")")
         if low[0] is not None and high[0] is not None:
-            if integer and self.ge is not None and self.le is not None:
-                return f"in {self.ge}..{self.le}"
+            if integer:
+                low_int = self.ge if self.ge is not None else self.gt + 1  # type: ignore[operator]
+                high_int = self.le if self.le is not None else self.lt - 1  # type: ignore[operator]
+                return f"in {low_int}..{high_int}"
             return f"in {low[1]}{_show(low[0])}, {_show(high[0])}{high[1]}"
         parts = [f"{s} {_show(b)}" for b, s in ((self.ge, ">="), (self.gt, ">"), (self.le, "<="), (self.lt, "<")) if b is not None]
         return " and ".join(parts)

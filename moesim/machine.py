@@ -76,15 +76,15 @@ def free_disk_bytes(folder: Path) -> int | None:
 
 
 def gigabytes(n: float) -> str:
-    """Bytes in words: '4.35 GB', '120 MB'."""
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+    """Bytes in words: '1.3 TB', '4.35 GB', '120 MB'."""
+    return f"{n / 1e12:.1f} TB" if n >= 1e12 else f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def check_fits(what: str, memory_bytes: float, disk_bytes: float = 0, folder: Path | None = None) -> None:
     """Refuse, with the estimate, a run whose memory (or output on `folder`'s disk) cannot fit this machine."""
     available = available_memory_bytes()
     if available is not None and memory_bytes > available:
-        raise InputError(f"{what} needs about {gigabytes(memory_bytes)} of memory; this machine has {gigabytes(available)} available")
+        raise InputError(f"{what}: about {gigabytes(memory_bytes)} of memory needed, {gigabytes(available)} available on this machine")
     free = free_disk_bytes(folder) if folder is not None and disk_bytes else None
     if free is not None and disk_bytes > free:
-        raise InputError(f"{what} needs about {gigabytes(disk_bytes)} of disk; {folder or '.'} has {gigabytes(free)} free")
+        raise InputError(f"{what}: about {gigabytes(disk_bytes)} of disk needed, {gigabytes(free)} free in {folder or '.'}")

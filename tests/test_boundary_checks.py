@@ -315,9 +315,13 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, ...]], tuple[str, ...]]] =
         lambda d: ("profile", "derive", "nvidia-h200", "--bandwidth-scale", "1e308", "--out", "derived.toml"),
         ("--bandwidth-scale",),
     ),
-    "--max-draft 64 says the user's bound": (
+    "--max-draft 64 says the user's bound (passes of 65 on a trace of 64 positions)": (
         lambda d: ("best-draft", "--trace", T, "--profile", "nvidia-h200", "--alpha", "0.5", "--max-draft", "64"),
-        ("--max-draft", "0..63", "got 64"),
+        ("--max-draft 64", "65 positions", "has 64"),
+    ),
+    "--max-draft beyond the largest pass says the user's bound": (
+        lambda d: ("best-draft", "--trace", T, "--profile", "nvidia-h200", "--alpha", "0.5", "--max-draft", "5000"),
+        ("--max-draft", "0..4095", "got 5000"),
     ),
     "trace fit --max-positions 0 without numpy warnings": (
         lambda d: ("trace", "fit", T, "--out", "fit.toml", "--max-positions", "0"),

@@ -120,6 +120,13 @@ def remove_stale_temporaries(target: Path) -> None:
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def temporary_path(target: Path, folder: bool = False) -> Path:
     """A new temporary file (or folder) beside `target`, named `.NAME.PID.XXXX.part`, after removing
     stale ones; a folder that cannot be written is one line."""
@@ -128,10 +135,13 @@ def temporary_path(target: Path, folder: bool = False) -> Path:
     prefix = f".{target.name}.{os.getpid()}."
     try:
         if folder:
-            return Path(tempfile.mkdtemp(prefix=prefix, suffix=".part", dir=parent))
-        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=parent)
-        os.close(fd)
-        return Path(name)
+            made = Path(tempfile.mkdtemp(prefix=prefix, suffix=".part", dir=parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=parent)
+            os.close(fd)
+            made = Path(name)
+        made.chmod((0o777 if folder else 0o666) & ~_umask())  # what open() would give, not mkstemp's 0600
+        return made
     except OSError as exc:
         raise InputError(f"{target}: cannot write there ({exc.strerror or exc.__class__.__name__})") from None
 

@@ -215,6 +215,18 @@ def test_stale_temporaries_of_a_killed_run_are_removed(tmp_path: Path, cli) -> N
     assert stale[2].exists() and live.exists() and other.exists()  # another target's, a running process's, not ours
 
 
+def test_outputs_get_the_permissions_open_would_give(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """Atomic writes go through a private temporary; the file renamed into place is not left 0600."""
+    mask = os.umask(0o027)
+    try:
+        assert cli("trace", "synth", "--model", "olmoe-1b-7b", "--tokens", 8, "--out", tmp_path / "t.arrow")[0] == 0
+        assert cli("profile", "derive", "nvidia-h200", "--bandwidth-scale", 2, "--out", tmp_path / "p.toml")[0] == 0
+    finally:
+        os.umask(mask)
+    for name in ("t.arrow", "p.toml"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640, name
+
+
 def test_a_sweep_error_leaves_no_partial_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config_path = tmp_path / "s.toml"
     config_path.write_text(SWEEP)

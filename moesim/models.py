@@ -99,7 +99,7 @@ class AttentionShape(Checked):
     qk_nope_head_dim: int = checked(0, ge=0, le=MAX_WIDTH)
     qk_rope_head_dim: int = checked(0, ge=0, le=MAX_WIDTH)
     v_head_dim: int = checked(0, ge=0, le=MAX_WIDTH)
-    sliding_window: int = checked(0, ge=0)
+    sliding_window: int = checked(0, ge=0, lt=1 << 32)
     sinks: bool = False
     output_gate: bool = False
     shared_kv: bool = False
@@ -452,7 +452,7 @@ class HFConfig(Checked):
     qk_nope_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
     qk_rope_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
     v_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
-    sliding_window: int | None = checked(None, ge=0)
+    sliding_window: int | None = checked(None, ge=0, lt=1 << 32)
     ffn_dim: int | None = checked(None, ge=1, le=MAX_WIDTH)  # OPT
     word_embed_proj_dim: int | None = checked(None, ge=1, le=MAX_WIDTH)  # OPT
 

@@ -104,7 +104,7 @@ class _Reader:
                 numeric = key.removesuffix("_source")
                 if numeric not in numeric_keys:
                     raise self.fail(f"{path}.{key}", f"overrides the source of '{numeric}', which is not a number of this section")
-                if value not in self.sources:
+                if not isinstance(value, str) or value not in self.sources:
                     raise self.fail(f"{path}.{key}", f"names unknown source {value!r}")
                 self.field_sources[f"{path}.{numeric}"] = value
 
@@ -126,12 +126,18 @@ def _read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
         if unknown:
             raise ConfigError(f"{origin}: field 'sources.{key}.{sorted(unknown)[0]}' is unknown")
         rows = _read_rows(table.get("rows", []), f"{origin}: field 'sources.{key}.rows'")
-        provenance = Provenance(**{k: str(v) for k, v in table.items() if k != "rows"}, rows=rows)
+        provenance = Provenance(**{"kind": "", **{k: str(v) for k, v in table.items() if k != "rows"}}, rows=rows)
         problem = provenance.problem()
         if problem:
             raise ConfigError(f"{origin}: field 'sources.{key}.{problem[0]}' {problem[1]}")
         sources[key] = provenance
     return sources
+
+
+def _notes(value: Any, origin: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{origin}: field 'notes' must be a list of strings, got {value!r}")
+    return tuple(str(note) for note in value)
 
 
 def _read_rows(value: Any, where: str) -> tuple[FittedRow, ...]:
@@ -402,7 +408,7 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         dense=dense,
         sources=reader.sources,
         field_sources=reader.field_sources,
-        notes=tuple(str(note) for note in data.get("notes", [])),
+        notes=_notes(data.get("notes", []), origin),
         derived_from=str(data.get("derived_from", "")),
         section_sources=reader.section_sources,
         dispatch=dispatch,

@@ -111,7 +111,7 @@ class TraceSection(Checked):
     tokens: int = checked(2048, ge=1, le=MAX_POSITIONS)
     seqs: int = checked(4, ge=1, le=MAX_POSITIONS)
     seed: int = checked(0, ge=0, le=MAX_SEED)
-    offset_stride: int = checked(0, ge=0)
+    offset_stride: int = checked(0, ge=0, lt=1 << 32)
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.synth is None):

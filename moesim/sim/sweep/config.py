@@ -48,9 +48,9 @@ class SweepSection(Checked):
     """How the sweep runs (none of it changes the results)."""
 
     executor: str = "local"
-    workers: int = checked(0, ge=0)  # 0: all cores
+    workers: int = checked(0, ge=0, le=1 << 16)  # 0: all cores
     ray_address: str = ""
-    max_batches: int = checked(64, ge=1)
+    max_batches: int = checked(64, ge=1, le=1 << 20)
 
     def __post_init__(self) -> None:
         require(self.executor in EXECUTORS, "executor", EXECUTORS.unknown(self.executor))

@@ -59,12 +59,12 @@ SPECRUN_FORMAT_VERSION = 1
 class SequenceInfo(Checked):
     """Per-sequence facts of a speculative run."""
 
-    prompt_tokens: int = checked(ge=0)
+    prompt_tokens: int = checked(ge=0, lt=1 << 32)  # positions are uint32
     prefill_us: float = checked(ge=0.0)
-    generated_tokens: int = checked(ge=0)
+    generated_tokens: int = checked(ge=0, lt=1 << 32)
     # mean one-token target decode, plain greedy decoding (baseline T(1)); NaN (null in the file): not run
     plain_decode_us: float = checked(float("nan"), ge=0.0, finite=False)
-    plain_match_tokens: int = checked(-1, ge=-1)  # generated tokens equal to plain greedy decoding's, from the start (-1: not run)
+    plain_match_tokens: int = checked(-1, ge=-1, lt=1 << 32)  # generated tokens equal to plain greedy decoding's, from the start (-1: not run)
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -82,7 +82,7 @@ class SpecRunMeta(Checked):
     engine_version: str = ""
     backend: str = "unknown"
     prompts: str = ""
-    n_threads: int = checked(0, ge=0)
+    n_threads: int = checked(0, ge=0, lt=1 << 31)
     timing: str = ""
     sequences: tuple[SequenceInfo, ...] = ()
     format_version: int = SPECRUN_FORMAT_VERSION

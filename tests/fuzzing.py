@@ -204,6 +204,7 @@ GEOMETRY = TraceGeometry.from_preset(load_preset("olmoe-1b-7b"))
 
 def kinds(folder: Path) -> dict[str, Kind]:
     """Every input kind, its valid inputs written into `folder` where needed."""
+    (folder / "out").mkdir(exist_ok=True)  # where the commands write
     trace = folder / "valid.arrow"
     if not trace.exists():
         write_trace(trace, synthesize(load_preset("olmoe-1b-7b"), Uniform(), 24, 2, seed=3))

@@ -46,8 +46,7 @@ def test_corrupted_inputs_are_read_or_refused_in_one_line(tmp_path: Path, name: 
     kind = kinds(tmp_path)[name]
     outcomes: Counter[str] = Counter()
 
-    @FUZZ
-    @settings(max_examples=QUOTA[name])
+    @settings(FUZZ, max_examples=QUOTA[name])
     @given(doc=_strategy(kind))
     def case(doc: object) -> None:
         outcomes[check_boundary(kind, tmp_path / kind.file, doc)] += 1
@@ -61,14 +60,18 @@ def _command(kind: Kind, folder: Path) -> list[str]:
     return [part.replace("{file}", str(folder / kind.file)).replace("{out}", str(folder / "out")) for part in kind.command]
 
 
+def _inputs(files: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    return {k: v for k, v in files.items() if not k.startswith("out")}
+
+
 def _check_run(kind: Kind, folder: Path, code: int, err: str, before: dict[str, tuple[int, int]]) -> None:
     assert "Traceback" not in err, err
     assert code in (0, 2), (code, err)
     if code == 2:
         lines = [line for line in err.splitlines() if line.strip() and "warning" not in line]
         assert len(lines) == 1 and kind.file in lines[0], err
-    after = {k: v for k, v in snapshot(folder).items() if not k.startswith("out")}
-    assert after == before, kind.name  # only the declared output changed
+    after, before = _inputs(snapshot(folder)), _inputs(before)
+    assert after == before, (kind.name, set(after) ^ set(before))  # only the declared output changed
     assert not list(folder.rglob("*.part")), kind.name
 
 
@@ -76,8 +79,7 @@ def _check_run(kind: Kind, folder: Path, code: int, err: str, before: dict[str, 
 def test_corrupted_inputs_through_the_cli(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
     kind = kinds(tmp_path)[name]
 
-    @FUZZ
-    @settings(max_examples=CLI_QUOTA)
+    @settings(FUZZ, max_examples=CLI_QUOTA)
     @given(doc=_strategy(kind))
     def case(doc: object) -> None:
         kind.write(tmp_path / kind.file, doc)
@@ -94,8 +96,7 @@ def test_corrupted_inputs_in_a_subprocess(tmp_path: Path, name: str) -> None:
     kind = kinds(tmp_path)[name]
     env = {**os.environ, "COLUMNS": "200"}
 
-    @FUZZ
-    @settings(max_examples=SUBPROCESS_QUOTA)
+    @settings(FUZZ, max_examples=SUBPROCESS_QUOTA)
     @given(doc=_strategy(kind))
     def case(doc: object) -> None:
         kind.write(tmp_path / kind.file, doc)

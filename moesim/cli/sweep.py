@@ -18,7 +18,9 @@ def sweep_command(
     config: Annotated[Path, typer.Argument(help="Sweep config (TOML); reference in docs/sweeps.md.")],
     out: Annotated[Path | None, typer.Option(help="Parquet file to write (default: the config's name + .parquet, beside it).")] = None,
     executor: Annotated[str | None, typer.Option(help="local or ray (default: the config's [sweep] executor).")] = None,
-    workers: Annotated[int | None, typer.Option(help="Worker processes / Ray CPUs, 0 = all cores (default: the config's).", min=0, max=1 << 16)] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Worker processes / Ray CPUs, 0 = all cores (default: the config's).", min=0, max=1 << 16)
+    ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Discard this config's partial results instead of resuming.")] = False,
     as_json: JsonOpt = False,
 ) -> None:

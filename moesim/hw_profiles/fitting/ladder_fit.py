@@ -142,7 +142,7 @@ def interpolated_errors(fit: FamilyFit) -> np.ndarray:
     for label in dict.fromkeys(labels.tolist()):
         for routing in np.unique(fit.routings):
             held = (labels == label) & (fit.routings == routing)
-            if not held.any():
+            if not held.any() or held.all():  # nothing to hold out, or nothing left to refit on
                 continue
             terms = refit_weighted(fit.terms, x.select(~held), y[~held], np.ones(int((~held).sum())))
             fitted = predict_terms(terms, x)

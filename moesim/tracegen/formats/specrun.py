@@ -64,7 +64,8 @@ class SequenceInfo(Checked):
     generated_tokens: int = checked(ge=0, lt=1 << 32)
     # mean one-token target decode, plain greedy decoding (baseline T(1)); NaN (null in the file): not run
     plain_decode_us: float = checked(float("nan"), ge=0.0, finite=False)
-    plain_match_tokens: int = checked(-1, ge=-1, lt=1 << 32)  # generated tokens equal to plain greedy decoding's, from the start (-1: not run)
+    # generated tokens equal to plain greedy decoding's, from the start (-1: not run)
+    plain_match_tokens: int = checked(-1, ge=-1, lt=1 << 32)
 
 
 def _finite_or_none(value: Any) -> Any:

@@ -79,6 +79,16 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def _preset_case(name: str, old: str, new: str) -> Callable[[Path], tuple[object, ...]]:
+    """`trace synth` on a copy of the olmoe preset with `old` replaced by `new`."""
+    return lambda d: ("trace", "synth", "--model", _write(d / name, PRESET.replace(old, new)), "--out", "x.arrow")
+
+
+def _sweep_case(name: str, old: str, new: str) -> Callable[[Path], tuple[object, ...]]:
+    """`sweep` on a copy of the small sweep config with `old` replaced by `new`."""
+    return lambda d: ("sweep", _write(d / name, SWEEP.replace(old, new)), "--out", "o.parquet")
+
+
 def _set(d: dict, path: str, value: object) -> None:
     *parents, key = path.split(".")
     for part in parents:
@@ -104,14 +114,7 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, ...]], tuple[str, ...]]] =
         ("h2/config.json", "'first_k_dense_replace'", "'1'"),
     ),
     "preset with a string number": (
-        lambda d: (
-            "trace",
-            "synth",
-            "--model",
-            _write(d / "s.toml", PRESET.replace("hidden = 2048", 'hidden = "2048"')),
-            "--out",
-            "x.arrow",
-        ),
+        _preset_case("s.toml", "hidden = 2048", 'hidden = "2048"'),
         ("s.toml", "'hidden'", "'2048'"),
     ),
     "preset with a string float": (
@@ -140,35 +143,18 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, ...]], tuple[str, ...]]] =
         ("sim.toml", "'trace.synth_params.keep_prob'", "'0.3'"),
     ),
     "string generator parameter in a sweep config": (
-        lambda d: (
-            "sweep",
-            _write(d / "sw.toml", SWEEP.replace('generator = "uniform"', 'generator = "sticky"\nparams = { keep_prob = "0.3" }')),
-            "--out",
-            "o.parquet",
-        ),
+        _sweep_case("sw.toml", 'generator = "uniform"', 'generator = "sticky"\nparams = { keep_prob = "0.3" }'),
         ("sw.toml", "'routing[0].params.keep_prob'", "'0.3'"),
     ),
     "trace synth --tokens 10^9": (lambda d: (*SYNTH, "--tokens", "1000000000"), ("x.arrow", "1000000000 tokens", "of memory needed")),
     "trace synth --seqs 10^7": (lambda d: (*SYNTH, "--seqs", "10000000"), ("x.arrow", "10000000 sequences", "of disk needed")),
     "batch --batch 10^9": (lambda d: (*BATCH, "--batch", "1000000000"), ("too short for a batch of 1000000000",)),
     "preset with 10^8 layers": (
-        lambda d: (
-            "trace",
-            "synth",
-            "--model",
-            _write(d / "l.toml", PRESET.replace("layers = 16", "layers = 100000000")),
-            "--out",
-            "x.arrow",
-        ),
+        _preset_case("l.toml", "layers = 16", "layers = 100000000"),
         ("l.toml", "'layers'", "100000000"),
     ),
     "sweep batch = [10^9]": (
-        lambda d: (
-            "sweep",
-            _write(d / "sb.toml", SWEEP.replace("max_pass = 4", "max_pass = 4\nbatch = [1000000000]")),
-            "--out",
-            "o.parquet",
-        ),
+        _sweep_case("sb.toml", "max_pass = 4", "max_pass = 4\nbatch = [1000000000]"),
         ("sb.toml", "'grid.batch'", "1000000000"),
     ),
     "sweep routing of 10^9 tokens (beyond memory)": (
@@ -176,24 +162,12 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, ...]], tuple[str, ...]]] =
         ("sm.toml", "'routing[0]'", "batch 1", "of memory needed"),
     ),
     "sweep context = [10^15]": (
-        lambda d: (
-            "sweep",
-            _write(d / "sc.toml", SWEEP.replace("max_pass = 4", "max_pass = 4\ncontext = [1000000000000000]")),
-            "--out",
-            "o.parquet",
-        ),
+        _sweep_case("sc.toml", "max_pass = 4", "max_pass = 4\ncontext = [1000000000000000]"),
         ("sc.toml", "'grid.context'", "1000000000000000"),
     ),
     # ---- bad input accepted with exit 0
     "preset with 70,000 experts": (
-        lambda d: (
-            "trace",
-            "synth",
-            "--model",
-            _write(d / "e.toml", PRESET.replace("experts = 64", "experts = 70000")),
-            "--out",
-            "x.arrow",
-        ),
+        _preset_case("e.toml", "experts = 64", "experts = 70000"),
         ("e.toml", "'experts'", "70000"),
     ),
     "negative hidden in trace metadata": (
@@ -250,14 +224,7 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, ...]], tuple[str, ...]]] =
         ("np.toml", "'params'", "is required"),
     ),
     'tie_embeddings = "no"': (
-        lambda d: (
-            "trace",
-            "synth",
-            "--model",
-            _write(d / "tie.toml", PRESET.replace("tie_embeddings = false", 'tie_embeddings = "no"')),
-            "--out",
-            "x.arrow",
-        ),
+        _preset_case("tie.toml", "tie_embeddings = false", 'tie_embeddings = "no"'),
         ("tie.toml", "'tie_embeddings'", "'no'"),
     ),
     "simulate with 10^9 requests": (
@@ -277,14 +244,7 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, ...]], tuple[str, ...]]] =
     ),
     # ---- messages
     "unknown weight format in a preset": (
-        lambda d: (
-            "trace",
-            "synth",
-            "--model",
-            _write(d / "fmt.toml", PRESET.replace('default_format = "BF16"', 'default_format = "Q9_X"')),
-            "--out",
-            "x.arrow",
-        ),
+        _preset_case("fmt.toml", 'default_format = "BF16"', 'default_format = "Q9_X"'),
         ("fmt.toml", "'default_format'", "'Q9_X'"),
     ),
     "unknown weight format in trace metadata": (
@@ -292,12 +252,7 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, ...]], tuple[str, ...]]] =
         ("f.arrow", "'geometry.weight_format'", "'Q9_X'"),
     ),
     "unknown weight format in a sweep grid": (
-        lambda d: (
-            "sweep",
-            _write(d / "sf.toml", SWEEP.replace("max_pass = 4", 'max_pass = 4\nweight_format = "Q9_X"')),
-            "--out",
-            "o.parquet",
-        ),
+        _sweep_case("sf.toml", "max_pass = 4", 'max_pass = 4\nweight_format = "Q9_X"'),
         ("sf.toml", "'grid.weight_format'", "'Q9_X'"),
     ),
     "profile fit on a one-row table blames the table": (

@@ -189,7 +189,8 @@ def fit_profile(
         raise InputError(f"--backend '{backend}': must be one of {', '.join(BACKENDS)}")
     backend = backend or (spec.backend if spec else None)
     if backend not in BACKENDS:
-        raise InputError(f"device '{device_name}' is not in the catalog: give --backend ({', '.join(BACKENDS)})")
+        where = f"{device_json}: key 'name'" if measured else f"{table}: column 'device'" if "device" in frame.columns else "--name"
+        raise InputError(f"{where}: device '{device_name}' is not in the catalog: give --backend ({', '.join(BACKENDS)})")
 
     sources: dict[str, Provenance] = {}
     field_sources: dict[str, str] = {}

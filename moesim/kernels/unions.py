@@ -100,7 +100,7 @@ class UnionFeatures:
             return self.distinct_experts / (self.n_tokens[:, None] * self.top_k)
 
 
-@numba.njit(cache=True)
+@njit
 def _windows_inside(starts, lengths, rows):  # noqa: ANN001, ANN202
     """Whether every window [starts[i], starts[i] + lengths[i]) lies within rows 0..rows."""
     for i in range(starts.shape[0]):  # noqa: SIM110 (a loop Numba compiles; all() of a generator it does not)
@@ -191,7 +191,7 @@ def union_features_many(
 # ---- passes of a server: windows, prefill blocks, expert-parallel ranks -------------------------
 
 
-@numba.njit(cache=True)
+@njit
 def _union_pass(experts, n_experts, starts, lengths, checkpoints, block_lo, block_hi, ranks, counts, out_u, out_m, out_s):  # noqa: ANN001, ANN202
     """Count the windows' slots and add the blocks' counts (checkpoints[hi] − checkpoints[lo]) per
     (layer, expert), then per rank r (experts r·E/R .. (r+1)·E/R − 1) and layer: distinct experts,
@@ -231,7 +231,7 @@ def _union_pass(experts, n_experts, starts, lengths, checkpoints, block_lo, bloc
         raise ValueError("expert id >= n_experts")
 
 
-@numba.njit(cache=True)
+@njit
 def _checkpoints(experts, n_experts, rows, stride, out):  # noqa: ANN001, ANN202
     """out[j, l, e] = slots of expert e in layer l among rows 0 .. j·stride − 1."""
     _, n_layers, k = experts.shape

@@ -44,10 +44,11 @@ def profile_fit(
     ] = None,
 ) -> None:
     """Fit a profile: every kernel family of a measurement table, or the engine a benchmark's output ran; held-out errors; write it."""
-    from moesim.atomic import check_writable
+    from moesim.atomic import check_writable, protect
     from moesim.hw_profiles.fitting.bench_fit import is_measurement_table
     from moesim.hw_profiles.schema import write_profile
 
+    protect(table, device_json)
     check_writable(out)
     if not is_measurement_table(table):
         from moesim.hw_profiles.fitting.bench_fit import fit_bench_output
@@ -177,11 +178,12 @@ def profile_derive(
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
 ) -> None:
     """Write a what-if profile: a base profile with scaled bandwidth and compute."""
-    from moesim.atomic import check_writable
+    from moesim.atomic import check_writable, protect
     from moesim.hw_profiles import load_profile
     from moesim.hw_profiles.fitting.derive import derive_profile
     from moesim.hw_profiles.schema import write_profile
 
+    protect(base)
     check_writable(out)
     derived = derive_profile(load_profile(base), name or out.stem, bandwidth_scale, compute_scale, fixed_us)
     write_profile(out, derived)

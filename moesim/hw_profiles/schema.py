@@ -105,7 +105,7 @@ class _Reader:
                 numeric = key.removesuffix("_source")
                 if numeric not in numeric_keys:
                     raise self.fail(f"{path}.{key}", f"overrides the source of '{numeric}', which is not a number of this section")
-                if value not in self.sources:
+                if not isinstance(value, str) or value not in self.sources:
                     raise self.fail(f"{path}.{key}", f"names unknown source {value!r}")
                 self.field_sources[f"{path}.{numeric}"] = value
 
@@ -128,12 +128,18 @@ def read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
         if unknown:
             raise ConfigError(f"{origin}: field 'sources.{key}.{sorted(unknown)[0]}' is unknown")
         rows = _read_rows(table.get("rows", []), f"{origin}: field 'sources.{key}.rows'")
-        provenance = Provenance(**{k: str(v) for k, v in table.items() if k != "rows"}, rows=rows)
+        provenance = Provenance(**{"kind": "", **{k: str(v) for k, v in table.items() if k != "rows"}}, rows=rows)
         problem = provenance.problem()
         if problem:
             raise ConfigError(f"{origin}: field 'sources.{key}.{problem[0]}' {problem[1]}")
         sources[key] = provenance
     return sources
+
+
+def _notes(value: Any, origin: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{origin}: field 'notes' must be a list of strings, got {value!r}")
+    return tuple(str(note) for note in value)
 
 
 def _read_rows(value: Any, where: str) -> tuple[FittedRow, ...]:
@@ -405,7 +411,7 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         dense=dense,
         sources=reader.sources,
         field_sources=reader.field_sources,
-        notes=tuple(str(note) for note in data.get("notes", [])),
+        notes=_notes(data.get("notes", []), origin),
         derived_from=str(data.get("derived_from", "")),
         section_sources=reader.section_sources,
         dispatch=dispatch,
@@ -588,6 +594,12 @@ def sources_lines(lines: list[str], sources: dict[str, Provenance]) -> None:
             lines.append("rows = [")
             lines.extend(f"    {toml_value(row.to_table())}," for row in source.rows)
             lines.append("]")
+
+
+def check_profile(profile: HardwareProfile, origin: str) -> HardwareProfile:
+    """The profile, checked as a file of it would be; a problem is blamed on `origin` (the input it came from)."""
+    profile_from_dict(tomllib.loads(profile_to_toml(profile)), origin)
+    return profile
 
 
 def write_profile(path: str | os.PathLike[str], profile: HardwareProfile) -> None:

@@ -88,6 +88,9 @@ class BatchEffect:
 def union_pass_cost(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[PassCost, np.ndarray, str]:
     """Pass costs of `batch` sequences of n tokens each over the trace's batch windows (one per window),
     their mean distinct experts per layer, and where the lanes came from."""
+    lengths = trace.seq_lengths()
+    if lengths.size < batch and int(lengths.max()) // batch < n:  # before any lane is laid out
+        raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     lanes = batch_lanes(trace.seq_starts, batch)
     if int(lanes.length.max(initial=0)) < n:
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
@@ -158,8 +161,11 @@ def batch_analysis(
 
 
 def parse_batch_sizes(text: str, option: str = "--batch") -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (empty items skipped)."""
+    """'1,2,4' -> [1, 2, 4]; an empty item, a non-integer or a size below 1 is one line."""
     try:
-        return [int(b) for b in text.split(",") if b.strip()]
+        sizes = [int(b) for b in text.split(",")]
     except ValueError:
         raise InputError(f"{option} must be comma-separated integers, got '{text}'") from None
+    if min(sizes) < 1:
+        raise InputError(f"{option} sizes must be >= 1, got {min(sizes)}")
+    return sizes

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings
+from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, extrapolation_warnings
 from moesim.sim.analysis.speculation import (
     best_in_table,
     break_even_alpha,
@@ -155,6 +155,11 @@ def best_draft_analysis(
     """Best draft length k = 0..max_draft per acceptance point, with intervals from the families' ε
     (and the spec-path terms' bound); `verdict` adds whether speculation pays at each point."""
     check_draft_lengths(max_draft, "max draft length")
+    if max_draft > LARGEST_PASS - 1:  # a verify pass is k + 1 tokens
+        raise InputError(f"the largest draft length (--max-draft) must lie in 0..{LARGEST_PASS - 1}, got {max_draft}")
+    longest = int(scenario.trace.seq_lengths().max())
+    if max_draft + 1 > longest:
+        raise InputError(f"--max-draft {max_draft} needs passes of {max_draft + 1} positions; the longest in the trace has {longest}")
     if batch < 1:
         raise InputError(f"batch must be >= 1, got {batch}")
     tree = scenario.drafter.tree

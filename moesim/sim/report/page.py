@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
-from moesim.atomic import atomic_dir
+from moesim.atomic import output_dir
 from moesim.errors import InputError, first_line
 from moesim.filters import apply_filters, parse_filters
 from moesim.sim.report import plots
@@ -334,7 +334,7 @@ def _page(report: Report, sources: list[str], table: str) -> str:
     )
 
 
-def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alphas: list[float] = ()) -> Report:  # type: ignore[assignment]
+def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alphas: list[float] = (), force: bool = False) -> Report:  # type: ignore[assignment]
     """Read the results, draw every figure they support, write DIR/index.html and the images (atomically)."""
     sweep, predictions, sources = load_results([Path(p) for p in paths], Path(out_dir))
     if sweep is not None:
@@ -345,7 +345,7 @@ def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alph
     if bad:
         raise InputError(f"--alpha must lie in [0, 1], got {bad[0]}")
     report = Report(out_dir=Path(out_dir))
-    with matplotlib.rc_context(RC), atomic_dir(out_dir) as staging:
+    with matplotlib.rc_context(RC), output_dir(out_dir, force) as staging:
         if sweep is not None:
             _sweep_figures(sweep, list(alphas), staging, report)
         if predictions is not None:

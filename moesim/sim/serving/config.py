@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from moesim.errors import ConfigError, InputError, MoesimError
-from moesim.fields import FieldError, build, build_entry, require
+from moesim.errors import ConfigError, MoesimError
+from moesim.fields import Checked, FieldError, build, build_entry, checked, require
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
+from moesim.machine import check_fits
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
 from moesim.sim.cost.parallel import Parallelism
@@ -44,38 +45,36 @@ from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import read_toml
 from moesim.tracegen.formats.builtin import resolve_trace
-from moesim.tracegen.routing.synth import make_generator
+from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generator
 
 MODEL_PLACEHOLDER = "{model}"
+MAX_REQUESTS = 1 << 24
 
 
 @dataclass(frozen=True)
-class RunSection:
+class RunSection(Checked):
     """Stop condition, seed, and whether to rerun with speculation off for comparison."""
 
-    seed: int = 0
-    requests: int = 16
-    duration_s: float = 0.0
+    seed: int = checked(0, ge=0, le=MAX_SEED)
+    requests: int = checked(16, ge=0, le=MAX_REQUESTS)
+    duration_s: float = checked(0.0, ge=0.0)
     compare_off: bool = True
 
     def __post_init__(self) -> None:
-        require(self.requests >= 0, "requests", f"must be >= 0, got {self.requests}")
-        require(math.isfinite(self.duration_s) and self.duration_s >= 0, "duration_s", f"must be >= 0, got {self.duration_s}")
         require(self.requests > 0 or self.duration_s > 0, "requests", "give a request count > 0 or a duration_s > 0")
 
 
 @dataclass(frozen=True)
-class Batching:
+class Batching(Checked):
     """Continuous batching up to `max_batch` requests at once; with `chunked_prefill`, prompts are
     prefilled in chunks beside the decode and verify tokens of each pass, under `token_budget`
     tokens per iteration (vLLM v1's max_num_batched_tokens; 2048 is one of Sarathi-Serve's budgets)."""
 
-    max_batch: int = 1
+    max_batch: int = checked(1, ge=1, le=1 << 20)
     chunked_prefill: bool = False
-    token_budget: int = 2048
+    token_budget: int = checked(2048, ge=1, le=1 << 31)
 
     def __post_init__(self) -> None:
-        require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
         require(
             self.token_budget >= self.max_batch,
             "token_budget",
@@ -84,17 +83,16 @@ class Batching:
 
 
 @dataclass(frozen=True)
-class ParallelSection:
+class ParallelSection(Checked):
     """The target over `tensor_parallel` devices of the target's kind, tensor parallel, or with the
     routed experts partitioned over them (`expert_parallel`), joined by `link` (a link profile of
     the device catalog; default: the device's own peer link)."""
 
-    tensor_parallel: int = 1
+    tensor_parallel: int = checked(1, ge=1, le=1 << 16)
     expert_parallel: bool = False
     link: str = ""
 
     def __post_init__(self) -> None:
-        require(self.tensor_parallel >= 1, "tensor_parallel", f"must be >= 1, got {self.tensor_parallel}")
         require(not self.expert_parallel or self.tensor_parallel > 1, "expert_parallel", "needs tensor_parallel > 1 devices")
         if self.link:
             try:
@@ -104,26 +102,23 @@ class ParallelSection:
 
 
 @dataclass(frozen=True)
-class TraceSection:
+class TraceSection(Checked):
     """The routing trace requests decode over: a file (`path`, may contain {model} in a study)
     or one synthesised for the target model (`synth` = a routing generator's name)."""
 
     path: Path | None = None
     synth: str | None = None
     synth_params: dict[str, Any] = field(default_factory=dict)
-    tokens: int = 2048
-    seqs: int = 4
-    seed: int = 0
-    offset_stride: int = 0
+    tokens: int = checked(2048, ge=1, le=MAX_POSITIONS)
+    seqs: int = checked(4, ge=1, le=MAX_POSITIONS)
+    seed: int = checked(0, ge=0, le=MAX_SEED)
+    offset_stride: int = checked(0, ge=0, lt=1 << 32)
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.synth is None):
             raise FieldError("path", "give exactly one of 'path' (a trace file) or 'synth' (a routing generator)")
         if self.path is not None and MODEL_PLACEHOLDER not in str(self.path):
             require(resolve_trace(self.path).is_file(), "path", f"no such trace file {self.path}")
-        require(self.tokens >= 1, "tokens", f"must be >= 1, got {self.tokens}")
-        require(self.seqs >= 1, "seqs", f"must be >= 1, got {self.seqs}")
-        require(self.offset_stride >= 0, "offset_stride", f"must be >= 0, got {self.offset_stride}")
 
     def path_for(self, model: str | None) -> Path | None:
         """The trace file of `model` ({model} replaced)."""
@@ -502,9 +497,10 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         if target.model is None:
             raise ConfigError(f"{source}: key 'target.model' is required to synthesise a trace (trace.synth)")
         try:
-            make_generator(trace.synth, **trace.synth_params)
-        except InputError as exc:
-            raise ConfigError(f"{source}: key 'trace.synth': {exc}") from None
+            make_generator(trace.synth, trace.synth_params)
+        except FieldError as exc:
+            key = f"trace.synth_params.{exc.field}" if exc.field else "trace.synth"
+            raise ConfigError(f"{source}: key '{key}': {exc.detail}") from None
     if cost.kind == "steptime":
         for key in ("model", "profile"):
             if getattr(target, key) is None:
@@ -541,6 +537,7 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
             path = trace.path_for(model)
             if model is None or not path.is_file():  # type: ignore[union-attr]
                 raise ConfigError(f"{source}: key 'trace.path': no such trace file {path} (model {model})")
+    _check_size(config)
     return config
 
 
@@ -575,6 +572,21 @@ def _with_drafter_tree(config: SimConfig) -> SimConfig:
     if study is not None:
         study = dataclasses.replace(study, workloads=tuple((n, shaped.get(id(a), a)) for n, a in study.workloads))
     return dataclasses.replace(config, acceptance=shaped.get(id(config.acceptance), config.acceptance), study=study)
+
+
+RECORD_BYTES_PER_STEP = 160  # the server's records per request and iteration (Python lists), measured order
+
+
+def _check_size(config: SimConfig) -> None:
+    """Refuse, with the estimate, a run whose records cannot fit memory: at most one step per
+    request and output token (speculation off), for the run and its speculation-off twin."""
+    run = config.run
+    requests = run.requests or (config.arrivals.rate_per_s or 0.0) * run.duration_s
+    tokens = sum(config.workload.outputs) / len(config.workload.outputs)
+    try:
+        check_fits("the simulation's records", 2 * requests * tokens * RECORD_BYTES_PER_STEP)
+    except MoesimError as exc:
+        raise ConfigError(f"{config.source}: key 'run.requests': {requests:.0f} requests of {tokens:.0f} tokens: {exc}") from None
 
 
 def load_config(path: str | Path) -> SimConfig:

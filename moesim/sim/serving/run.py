@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from moesim.atomic import atomic_dir, check_out_dir
+from moesim.atomic import check_out_dir, output_dir
 from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.fields import FieldError, dump
 from moesim.hw_profiles import load_profile
@@ -45,8 +45,10 @@ def load_trace(config: SimConfig, model: str | None) -> Trace | None:
         return None
     if section.synth is not None:
         try:
-            generator = make_generator(section.synth, **section.synth_params)
+            generator = make_generator(section.synth, section.synth_params)
             return synthesize(load_preset(model or ""), generator, section.tokens, section.seqs, section.seed, config.target.weight_format)
+        except FieldError as exc:
+            raise ConfigError(f"{config.source}: key 'trace.synth_params.{exc.field}': {exc.detail}") from None
         except InputError as exc:
             raise ConfigError(f"{config.source}: key 'trace.synth': {exc}") from None
     path = section.path_for(model)
@@ -178,9 +180,9 @@ class SimResult:
         alphas = _alphas(self.config.acceptance, self.record, self.config.run.seed)
         return {"requests": requests_table(self.record, alphas, self.off), "iterations": iterations_table(self.record)}
 
-    def write(self, out_dir: Path) -> None:
+    def write(self, out_dir: Path, force: bool = False) -> None:
         """The per-request and per-iteration Arrow tables and summary.json in `out_dir` (atomically)."""
-        write_run(out_dir, self.tables(), self.summary)
+        write_run(out_dir, self.tables(), self.summary, force)
 
 
 def describe_config(config: SimConfig) -> dict[str, Any]:
@@ -304,9 +306,9 @@ def run_study(config: SimConfig, progress: Progress | None = None) -> pl.DataFra
     return pl.DataFrame(rows)
 
 
-def write_study(out_dir: Path, table: pl.DataFrame) -> None:
-    """study.arrow and study.csv in `out_dir` (atomically)."""
-    with atomic_dir(out_dir) as staging:
+def write_study(out_dir: Path, table: pl.DataFrame, force: bool = False) -> None:
+    """study.arrow and study.csv in `out_dir` (each atomically)."""
+    with output_dir(out_dir, force) as staging:
         write_arrow(staging / "study.arrow", table.to_arrow())
         table.write_csv(staging / "study.csv")
 
@@ -325,14 +327,15 @@ def default_out_dir(config: SimConfig) -> Path:
     return Path(f"{Path(config.source).stem}-sim")
 
 
-def simulate_to(config: SimConfig, out_dir: Path | None = None, progress: Progress | None = None) -> Outcome:
-    """`moesim simulate`: the config's study or run, written to `out_dir` (checked before running)."""
+def simulate_to(config: SimConfig, out_dir: Path | None = None, progress: Progress | None = None, force: bool = False) -> Outcome:
+    """`moesim simulate`: the config's study or run, written to `out_dir` (checked before running;
+    `force`: write into a folder holding files moesim did not write)."""
     out_dir = out_dir if out_dir is not None else default_out_dir(config)
-    check_out_dir(out_dir)
+    check_out_dir(out_dir, force)
     if config.study is not None:
         table = run_study(config, progress)
-        write_study(out_dir, table)
+        write_study(out_dir, table, force)
         return Outcome(out_dir, study=table)
     result = simulate(config, progress)
-    result.write(out_dir)
+    result.write(out_dir, force)
     return Outcome(out_dir, result=result)

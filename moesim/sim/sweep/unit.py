@@ -23,20 +23,13 @@ from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.steptime import BEST, PassCost, StepTimeModel
 from moesim.sim.cost.tree import TreeSpec
 from moesim.sim.sweep.cells import SimulationTally, simulation_rows
-from moesim.sim.sweep.config import Routing, SweepConfig
+from moesim.sim.sweep.config import Routing, SweepConfig, synthetic_layout
 from moesim.sim.sweep.plan import WorkUnit
 from moesim.sim.sweep.schema import POLARS_SCHEMA, SCHEMA, TALLY_KEY
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import make_generator, synthesize
 
 _TRACES: dict[str, Trace] = {}  # per process: the last traces drawn or read
-
-
-def synthetic_layout(routing: Routing, batch: int, max_tokens: int) -> tuple[int, int]:
-    """(sequences, tokens each) drawn for a batch of B: the routing's seqs × tokens positions in all,
-    as max(seqs, B) equal sequences (batch lanes are different sequences) of at least max_tokens."""
-    seqs = max(routing.seqs, batch)
-    return seqs, max(routing.tokens * routing.seqs // seqs, max_tokens)
 
 
 def unit_trace(config: SweepConfig, model: str, routing: Routing, batch: int) -> Trace:
@@ -50,7 +43,7 @@ def unit_trace(config: SweepConfig, model: str, routing: Routing, batch: int) ->
         if path is not None:
             _TRACES[key] = read_trace(path)
         else:
-            generator = make_generator(routing.generator, **routing.params)
+            generator = make_generator(routing.generator, routing.params)
             _TRACES[key] = synthesize(config.presets[model], generator, tokens, seqs, routing.seed, config.grid.weight_format or None)
     return _TRACES[key]
 

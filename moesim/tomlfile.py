@@ -1,7 +1,10 @@
-"""Reading TOML files (presets, profiles, generator parameters, configs) with one-line errors."""
+"""Reading TOML files (presets, profiles, generator parameters, configs) with one-line errors, and
+writing TOML values and tables (profiles, spec-path files)."""
 
 from __future__ import annotations
 
+import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -20,3 +23,29 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
         reason = first_line(exc)
         raise InputError(f"{path}: not valid TOML ({reason})") from None
+
+
+def toml_value(value: Any) -> str:
+    """A value as TOML text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def toml_section(lines: list[str], header: str | None, table: dict[str, Any]) -> None:
+    """A table's lines (None values left out), under `[header]` unless None."""
+    if header is not None:
+        lines.extend(["", f"[{header}]"])
+    lines.extend(f"{key} = {toml_value(value)}" for key, value in table.items() if value is not None)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles.profile import HardwareProfile
-from moesim.hw_profiles.schema import FORMAT_VERSION, read_profile, read_sources, sources_lines, toml_section, toml_value
+from moesim.hw_profiles.schema import FORMAT_VERSION, read_profile, read_sources, sources_lines
 from moesim.hw_profiles.speculative import SpecPath, spec_path_from_table
-from moesim.tomlfile import read_toml
+from moesim.tomlfile import read_toml, toml_section, toml_value
 
 CALIBRATED = "nvidia-h200"
 # The datasheet-scaled copies of the lab calibration these names held until this release, and the

@@ -9,7 +9,6 @@ may override it with `<field>_source`. Any problem is one line naming the file a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import tomllib
@@ -26,7 +25,7 @@ from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, Hardware
 from moesim.hw_profiles.provenance import FittedRow, Provenance
 from moesim.hw_profiles.speculative import spec_path_from_table
 from moesim.models import bytes_per_weight
-from moesim.tomlfile import read_toml
+from moesim.tomlfile import read_toml, toml_section, toml_value
 
 FORMAT = "moesim-hardware-profile"
 FORMAT_VERSION = 1
@@ -429,32 +428,6 @@ def read_profile(path: str | os.PathLike[str]) -> HardwareProfile:
 
 
 # ---- writing ---------------------------------------------------------------------------------
-
-
-def toml_value(value: Any) -> str:
-    """A value as TOML text."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def toml_section(lines: list[str], header: str | None, table: dict[str, Any]) -> None:
-    """A table's lines (None values left out), under `[header]` unless None."""
-    if header is not None:
-        lines.extend(["", f"[{header}]"])
-    lines.extend(f"{key} = {toml_value(value)}" for key, value in table.items() if value is not None)
 
 
 def _overrides(profile: HardwareProfile, path: str) -> dict[str, str]:

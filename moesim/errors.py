@@ -21,6 +21,16 @@ class ConfigError(MoesimError):
     """A configuration (preset, profile, simulation config) is invalid."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same cleanup runs (temporaries
+    removed, resumable state kept); the CLI exits with 143 instead of 130."""
+
+
+def interrupt_code(exc: BaseException) -> int:
+    """The exit code of an interruption: 143 for SIGTERM, 130 for Ctrl-C (SIGINT)."""
+    return 143 if isinstance(exc, Terminated) else 130
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its class name when the message is empty), for
     one-line errors about a library's failure."""

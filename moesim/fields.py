@@ -1,16 +1,33 @@
-"""Typed TOML tables → frozen dataclasses, with one-line errors naming the file and the key.
+"""Typed tables (TOML, JSON metadata) → frozen dataclasses, checked at the boundary, with
+one-line errors naming the file, the key and the value.
 
-A config section is a frozen dataclass whose fields are the section's keys. `build` checks
-unknown keys, missing required keys and every value's type against the field's annotation,
-then constructs the class; a class validates its values in `__post_init__` by raising
-`FieldError(field, message)`, which `build` turns into `FILE: key 'section.field': message`.
+A config section is a frozen dataclass whose fields are the section's keys; a class that
+derives from `Checked` declares each field's bounds in the field's metadata:
+
+    @dataclass(frozen=True)
+    class Batching(Checked):
+        max_batch: int = checked(1, ge=1, le=1 << 20)
+        alpha: tuple[float, ...] = checked((0.5,), ge=0.0, le=1.0)   # bounds hold for every item
+
+`checked` (and `option`, which adds a command line's help text) take `ge`, `gt`, `le`, `lt`,
+`choices` and `finite`; every float of a `Checked` class is finite unless `finite=False`.
+Constructing the class checks them all (from a file, from command-line options, from code),
+then runs the class's own `__post_init__` for cross-field rules, which raise
+`FieldError(field, message)` (or call `require`). `build` checks unknown keys, missing
+required keys and every value's type against the annotation (a nested dataclass is a
+sub-table, a tuple of them a list of tables), then constructs the class; a `FieldError`
+becomes `FILE: key 'section.field': message`. `construct` does the same without a file (a
+FieldError naming the key path), for tables that come from elsewhere (generator parameters).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +50,135 @@ def require(condition: bool, field: str, message: str) -> None:
         raise FieldError(field, message)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a field's values must satisfy: ge <= v <= le, gt < v < lt, finite, one of `choices`."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    finite: bool = True
+    choices: tuple[Any, ...] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` breaks the bounds ('must be >= 1, got 0'), or None when it keeps them."""
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(repr, self.choices))}, got {value!r}"
+        if not _number(value):
+            return None
+        if isinstance(value, float) and self.finite and not math.isfinite(value):
+            return f"must be a finite number, got {value}"
+        for limit, ok, sign in (
+            (self.ge, lambda v, b: v >= b, ">="),
+            (self.gt, lambda v, b: v > b, ">"),
+            (self.le, lambda v, b: v <= b, "<="),
+            (self.lt, lambda v, b: v < b, "<"),
+        ):
+            if limit is not None and not (math.isnan(value) or ok(value, limit)):
+                return f"must be {self.describe(isinstance(value, int)) or f'{sign} {_show(limit)}'}, got {_show(value)}"
+        return None
+
+    def describe(self, integer: bool = True) -> str:
+        """The bounds in words: '>= 1', 'in 1..64' (integers), 'in [0, 1]'."""
+        low = (self.ge, "[") if self.ge is not None else (self.gt, "(")
+        high = (self.le, "]") if self.le is not None else (self.lt, ")")
+        if low[0] is not None and high[0] is not None:
+            if integer:
+                low_int = self.ge if self.ge is not None else self.gt + 1  # type: ignore[operator]
+                high_int = self.le if self.le is not None else self.lt - 1  # type: ignore[operator]
+                return f"in {low_int}..{high_int}"
+            return f"in {low[1]}{_show(low[0])}, {_show(high[0])}{high[1]}"
+        parts = [f"{s} {_show(b)}" for b, s in ((self.ge, ">="), (self.gt, ">"), (self.le, "<="), (self.lt, "<")) if b is not None]
+        return " and ".join(parts)
+
+    def bad_rows(self, column: Any) -> Any:
+        """A boolean mask of the values of a numeric column (numpy array or polars Series) out of bounds."""
+        bad = column.is_nan() if hasattr(column, "is_nan") else column != column
+        if self.finite:
+            bad = bad | (abs(column) == math.inf)
+        if self.ge is not None:
+            bad = bad | (column < self.ge)
+        if self.gt is not None:
+            bad = bad | (column <= self.gt)
+        if self.le is not None:
+            bad = bad | (column > self.le)
+        if self.lt is not None:
+            bad = bad | (column >= self.lt)
+        return bad
+
+
+def _show(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_BOUND_KEYS = ("ge", "gt", "le", "lt", "finite", "choices")
+
+
+def _split_bounds(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Bounds | None]:
+    given = {k: kwargs.pop(k) for k in _BOUND_KEYS if k in kwargs}
+    if "choices" in given:
+        given["choices"] = tuple(given["choices"])
+    return kwargs, (Bounds(**given) if given else None)
+
+
+def checked(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, **bounds: Any) -> Any:
+    """A field of a `Checked` dataclass with its bounds (ge, gt, le, lt, finite, choices)."""
+    _, found = _split_bounds(bounds)
+    metadata = {"bounds": found} if found else {}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def field_bounds(field: dataclasses.Field[Any]) -> Bounds:
+    """A field's bounds (floats are finite unless said otherwise)."""
+    return field.metadata.get("bounds") or Bounds()
+
+
+def _values(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, tuple | list) else [value]
+
+
+def _check_value(field: dataclasses.Field[Any], value: Any) -> None:
+    bounds = field_bounds(field)
+    for item in _values(value):
+        problem = bounds.problem(item) if item is not None else None
+        if problem:
+            raise FieldError(field.name, problem)
+
+
+def check_fields(instance: Any) -> None:
+    """Raise FieldError for the first field of `instance` outside its bounds (every item of a tuple)."""
+    for field in dataclasses.fields(instance):
+        if field.init:
+            _check_value(field, getattr(instance, field.name))
+
+
+class Checked:
+    """Base of checked dataclasses: constructing one checks every field against its bounds, then
+    runs the class's own `__post_init__` (cross-field rules)."""
+
+    _own_checks: Callable[[Any], None] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and getattr(own, "_checks_fields", False):
+            return
+        cls._own_checks = own if own is not None else cls._own_checks
+
+        def __post_init__(self: Any) -> None:
+            check_fields(self)
+            if type(self)._own_checks is not None:
+                type(self)._own_checks(self)
+
+        __post_init__._checks_fields = True  # type: ignore[attr-defined]
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+
+
 def _type_name(annotation: Any) -> str:
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", Path: "a path (string)", dict: "a table"}
     origin = typing.get_origin(annotation)
@@ -40,68 +186,93 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
     if origin is tuple:
         return f"a list of which each item is {_type_name(typing.get_args(annotation)[0])}"
+    if dataclasses.is_dataclass(annotation):
+        return "a table"
     return names.get(origin or annotation, str(annotation))
 
 
 _NO = object()
 
 
-def _convert(annotation: Any, value: Any, base_dir: Path) -> Any:
-    """The value converted to the annotation's type, or _NO when it does not fit."""
+def _convert(annotation: Any, value: Any, base_dir: Path, key: str) -> Any:
+    """The value converted to the annotation's type, or _NO when it does not fit (a nested table's
+    own problem is a FieldError naming its key path)."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             if option is type(None):
                 continue
-            converted = _convert(option, value, base_dir)
+            converted = _convert(option, value, base_dir, key)
             if converted is not _NO:
                 return converted
         return _NO
     if origin is tuple:
-        if not isinstance(value, list):
+        if not isinstance(value, list | tuple):
             return _NO
         item_type = typing.get_args(annotation)[0]
-        items = [_convert(item_type, v, base_dir) for v in value]
+        items = [_convert(item_type, v, base_dir, f"{key}[{i}]") for i, v in enumerate(value)]
         return _NO if any(i is _NO for i in items) else tuple(items)
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        if not isinstance(value, dict):
+            return _NO
+        try:
+            return construct(annotation, value, base_dir)
+        except FieldError as exc:
+            raise FieldError(f"{key}.{exc.field}", exc.detail) from None
     if annotation is bool:
         return value if isinstance(value, bool) else _NO
     if annotation is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else _NO
     if annotation is float:
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else _NO
+        return float(value) if _number(value) else _NO
     if annotation is str:
         return value if isinstance(value, str) else _NO
     if annotation is Path:
         return (base_dir / value) if isinstance(value, str) and value else _NO
     if origin is dict or annotation is dict:
         return dict(value) if isinstance(value, dict) else _NO
+    if annotation is Any:
+        return value
     raise TypeError(f"unsupported config annotation {annotation}")
 
 
-def build(cls: type, table: Any, section: str, source: str, base_dir: Path, skip: tuple[str, ...] = ()) -> Any:
-    """Construct dataclass `cls` from TOML table `table` of `section` (keys in `skip` are ignored)."""
+def construct(cls: type, table: Any, base_dir: Path = Path("."), skip: tuple[str, ...] = ()) -> Any:
+    """Dataclass `cls` from a table of keys (those in `skip` ignored): unknown keys, missing required
+    keys, each value's type and every field's bounds checked; any problem is a FieldError of its key path."""
     if not isinstance(table, dict):
-        raise ConfigError(f"{source}: key '{section}' must be a table")
+        raise FieldError("", f"must be a table, got {_shown(table)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in table:
         if key not in fields and key not in skip:
-            known = ", ".join(sorted(fields)) or "none"
-            raise ConfigError(f"{source}: key '{section}.{key}': unknown key (known: {known})")
+            raise FieldError(str(key), f"unknown key (known: {', '.join(sorted(fields)) or 'none'})")
     kwargs = {}
     for name, field in fields.items():
         if name not in table:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{source}: key '{section}.{name}' is required")
+                raise FieldError(name, "is required")
             continue
-        converted = _convert(hints[name], table[name], base_dir)
+        converted = _convert(hints[name], table[name], base_dir, name)
         if converted is _NO:
-            raise ConfigError(f"{source}: key '{section}.{name}' must be {_type_name(hints[name])}, got {table[name]!r}")
+            raise FieldError(name, f"must be {_type_name(hints[name])}, got {_shown(table[name])}")
+        _check_value(field, converted)  # in the order of the fields, before the class's own checks
         kwargs[name] = converted
+    return cls(**kwargs)
+
+
+def build(cls: type, table: Any, section: str, source: str, base_dir: Path, skip: tuple[str, ...] = (), noun: str = "key") -> Any:
+    """`construct` of table `table` of `section` in file `source`; errors read `SOURCE: NOUN
+    'section.key': ...` (noun: 'key' in TOML, 'metadata key' in a file's metadata)."""
     try:
-        return cls(**kwargs)
+        return construct(cls, table, base_dir, skip)
     except FieldError as exc:
-        raise ConfigError(f"{source}: key '{section}.{exc.field}': {exc.detail}") from None
+        path = ".".join(p for p in (section, exc.field) if p)
+        raise ConfigError(f"{source}: {noun} '{path}': {exc.detail}") from None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def build_entry(registry: Registry[Any], selector: str, table: Any, section: str, source: str, base_dir: Path) -> Any:
@@ -111,7 +282,7 @@ def build_entry(registry: Registry[Any], selector: str, table: Any, section: str
     if selector not in table:
         raise ConfigError(f"{source}: key '{section}.{selector}' is required (known: {', '.join(registry)})")
     name = table[selector]
-    if name not in registry:
+    if not isinstance(name, str) or name not in registry:
         raise ConfigError(f"{source}: key '{section}.{selector}': {registry.unknown(name)}")
     return build(registry.get(name), table, section, source, base_dir, skip=(selector,))
 
@@ -134,14 +305,22 @@ def dump(instance: Any) -> dict[str, Any]:
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:
-    """A config field with its help text, and how a command line spells it: `flag` (a bool that is
-    only switched on, e.g. "--verbose"), `name` (an option name other than the field's), `parse` and
-    `show` (a value given as text, e.g. pass sizes "1-16,24", and the default written so),
-    `repeat` (a tuple given by repeating a singular option; none given: the default)."""
-    return dataclasses.field(default=default, metadata={"help": help, **cli})
+    """A config field with its help text, its bounds (as `checked`: ge, gt, le, lt, finite, choices),
+    and how a command line spells it: `flag` (a bool that is only switched on, e.g. "--verbose"),
+    `name` (an option name other than the field's), `parse` and `show` (a value given as text,
+    e.g. pass sizes "1-16,24", and the default written so), `repeat` (a tuple given by repeating
+    a singular option; none given: the default)."""
+    cli, found = _split_bounds(cli)
+    metadata = {"help": help, **cli, **({"bounds": found} if found else {})}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def option_name(cls: type, field_name: str) -> str:
     """How a command line spells a config field: its `name`, else --field-name."""
     field = {f.name: f for f in dataclasses.fields(cls)}[field_name]
     return field.metadata.get("name", "--" + field_name.replace("_", "-"))
+
+
+def from_table(cls: type, table: Any, source: str, noun: str = "key") -> Any:
+    """`build` of a whole file's table (no section), paths relative to the file's folder."""
+    return build(cls, table, "", source, Path(source).parent, noun=noun)

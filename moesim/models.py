@@ -18,7 +18,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from moesim.atomic import protect
 from moesim.errors import ConfigError, InputError
+from moesim.fields import Checked, FieldError, build, checked, require
 from moesim.tomlfile import read_toml
 
 # Bytes per weight by format: (bytes per block, weights per block), the real GGUF/OCP block sizes.
@@ -43,16 +45,25 @@ WEIGHT_FORMATS: dict[str, tuple[int, int]] = {
 
 # linear: a linear-attention layer (Gated DeltaNet): a fixed recurrent state, no KV per token.
 ATTENTION_KINDS = ("mha", "gqa", "mla", "linear")
+MAX_LAYERS = 1 << 16  # the trace's `layer` column is uint16
+MAX_EXPERTS = 1 << 16  # expert ids are uint8 or uint16
+MAX_WIDTH = 1 << 20  # hidden sizes, FFN widths, ranks: far above any model's
+MAX_VOCAB = 1 << 24
 
 
 def bytes_per_weight(weight_format: str) -> Fraction:
     """Bytes per weight = bytes per block / weights per block (exact)."""
-    try:
-        block_bytes, block_weights = WEIGHT_FORMATS[weight_format.upper()]
-    except KeyError:
-        known = ", ".join(WEIGHT_FORMATS)
-        raise InputError(f"unknown weight format '{weight_format}' (known: {known})") from None
+    block_bytes, block_weights = WEIGHT_FORMATS[check_weight_format(weight_format)]
     return Fraction(block_bytes, block_weights)
+
+
+def check_weight_format(weight_format: object, field: str | None = None) -> str:
+    """The format's canonical (upper-case) name; an unknown one is an InputError, or a FieldError of `field`."""
+    name = weight_format.upper() if isinstance(weight_format, str) else ""
+    if name not in WEIGHT_FORMATS:
+        message = f"unknown weight format {weight_format!r} (known: {', '.join(WEIGHT_FORMATS)})"
+        raise FieldError(field, message) if field else InputError(message)
+    return name
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,7 @@ class ExpertShape:
 
 
 @dataclass(frozen=True)
-class AttentionShape:
+class AttentionShape(Checked):
     """Attention projection shape; MLA fields are zero for MHA/GQA.
 
     `output_gate`: the query projection also yields a gate of the same width (Qwen3.5/3.6);
@@ -79,20 +90,23 @@ class AttentionShape:
     of `conv_kernel` taps over q, k and v.
     """
 
-    kind: str
-    heads: int
-    kv_heads: int
-    head_dim: int
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    sliding_window: int = 0
+    kind: str = checked(choices=ATTENTION_KINDS)
+    heads: int = checked(ge=1, le=MAX_WIDTH)
+    kv_heads: int = checked(ge=1, le=MAX_WIDTH)
+    head_dim: int = checked(ge=1, le=MAX_WIDTH)
+    q_lora_rank: int = checked(0, ge=0, le=MAX_WIDTH)
+    kv_lora_rank: int = checked(0, ge=0, le=MAX_WIDTH)
+    qk_nope_head_dim: int = checked(0, ge=0, le=MAX_WIDTH)
+    qk_rope_head_dim: int = checked(0, ge=0, le=MAX_WIDTH)
+    v_head_dim: int = checked(0, ge=0, le=MAX_WIDTH)
+    sliding_window: int = checked(0, ge=0, lt=1 << 32)
     sinks: bool = False
     output_gate: bool = False
     shared_kv: bool = False
-    conv_kernel: int = 0
+    conv_kernel: int = checked(0, ge=0, le=MAX_WIDTH)
+
+    def __post_init__(self) -> None:
+        require(self.kind != "mla" or self.kv_lora_rank > 0, "kv_lora_rank", "is required (> 0) for MLA attention")
 
     def params(self, hidden: int, qkv_bias: bool, attention_bias: bool, qk_norm: bool) -> int:
         """Attention parameters of one layer (projections, biases, norms, sinks)."""
@@ -144,22 +158,22 @@ class AttentionShape:
 
 
 @dataclass(frozen=True)
-class ModelPreset:
+class ModelPreset(Checked):
     """Architecture numbers of one model; `kind` is 'moe' (a target) or 'dense' (a draft)."""
 
     name: str
-    kind: str
-    layers: int
-    hidden: int
-    vocab: int
+    kind: str = checked(choices=("moe", "dense"))
+    layers: int = checked(ge=1, le=MAX_LAYERS)
+    hidden: int = checked(ge=1, le=MAX_WIDTH)
+    vocab: int = checked(ge=1, le=MAX_VOCAB)
     attention: AttentionShape
-    experts: int = 0
-    top_k: int = 0
-    expert_intermediate: int = 0
-    shared_experts: int = 0
-    shared_intermediate: int = 0
-    dense_intermediate: int = 0
-    dense_layers: tuple[int, ...] = ()
+    experts: int = checked(0, ge=0, le=MAX_EXPERTS)
+    top_k: int = checked(0, ge=0, le=MAX_EXPERTS)
+    expert_intermediate: int = checked(0, ge=0, le=MAX_WIDTH)
+    shared_experts: int = checked(0, ge=0, le=MAX_EXPERTS)
+    shared_intermediate: int = checked(0, ge=0, le=MAX_WIDTH)
+    dense_intermediate: int = checked(0, ge=0, le=MAX_WIDTH)
+    dense_layers: tuple[int, ...] = checked((), ge=0, lt=MAX_LAYERS)
     tie_embeddings: bool = False
     expert_bias: bool = False
     router_bias: bool = False
@@ -167,12 +181,32 @@ class ModelPreset:
     qkv_bias: bool = False
     qk_norm: bool = False
     ffn_gated: bool = True
-    embedding_dim: int = 0
+    embedding_dim: int = checked(0, ge=0, le=MAX_WIDTH)  # 0: the hidden size
     default_format: str = "BF16"
     hf_id: str = ""
-    published_total_params_b: float = 0.0
+    published_total_params_b: float = checked(0.0, ge=0.0)
     alt_attention: AttentionShape | None = None
-    alt_attention_layers: tuple[int, ...] = ()
+    alt_attention_layers: tuple[int, ...] = checked((), ge=0, lt=MAX_LAYERS)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default_format", check_weight_format(self.default_format, "default_format"))
+        for key in ("dense_layers", "alt_attention_layers"):
+            object.__setattr__(self, key, tuple(sorted(set(getattr(self, key)))))
+            require(all(i < self.layers for i in getattr(self, key)), key, f"must list layer indices below {self.layers}")
+        require((self.alt_attention is None) == (not self.alt_attention_layers), "alt_attention", "and alt_attention_layers go together")
+        if self.kind == "moe":
+            for key in ("experts", "top_k", "expert_intermediate"):
+                require(getattr(self, key) >= 1, key, f"must be >= 1 for a MoE model, got {getattr(self, key)}")
+            require(self.top_k <= self.experts, "top_k", f"must be <= experts ({self.experts}), got {self.top_k}")
+            require(len(self.dense_layers) < self.layers, "dense_layers", "lists every layer; a MoE model needs one MoE layer")
+        if self.kind == "dense" or self.dense_layers:
+            require(self.dense_intermediate >= 1, "dense_intermediate", "is required (>= 1) for dense layers")
+
+    def require_moe(self, purpose: str) -> ModelPreset:
+        """This preset; a dense one is one line saying what (`purpose`) needs a MoE model."""
+        if self.kind != "moe":
+            raise InputError(f"model preset '{self.name}' has no experts; {purpose} needs a MoE model")
+        return self
 
     # ---- layer structure -------------------------------------------------------------
 
@@ -296,94 +330,13 @@ class ModelPreset:
 
 # ---- loading -----------------------------------------------------------------------------
 
-_INT_FIELDS = (
-    "layers", "hidden", "vocab", "experts", "top_k", "expert_intermediate", "shared_experts",
-    "shared_intermediate", "dense_intermediate", "embedding_dim",
-)  # fmt: skip
-_BOOL_FIELDS = ("tie_embeddings", "expert_bias", "router_bias", "attention_bias", "qkv_bias", "qk_norm", "ffn_gated")
 
-
-def _require_int(source: str, key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{source}: field '{key}' must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _attention_from_table(source: str, table: Any, prefix: str = "attention") -> AttentionShape:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{source}: field '{prefix}' is missing or not a table")
-    kind = table.get("kind")
-    if kind not in ATTENTION_KINDS:
-        raise ConfigError(f"{source}: field '{prefix}.kind' must be one of {ATTENTION_KINDS}, got {kind!r}")
-    known = {f.name for f in dataclasses.fields(AttentionShape)}
-    unknown = set(table) - known
-    if unknown:
-        raise ConfigError(f"{source}: unknown field '{prefix}.{sorted(unknown)[0]}'")
-    flags = {"sinks", "output_gate", "shared_kv"}
-    values: dict[str, Any] = {"kind": kind}
-    for key in known - {"kind"} - flags:
-        if key in table:
-            values[key] = _require_int(source, f"{prefix}.{key}", table[key], 0)
-    for key in ("heads", "kv_heads", "head_dim"):
-        if key not in values:
-            raise ConfigError(f"{source}: field '{prefix}.{key}' is missing")
-        _require_int(source, f"{prefix}.{key}", values[key], 1)
-    for key in flags & set(table):
-        values[key] = bool(table[key])
-    if kind == "mla" and not values.get("kv_lora_rank"):
-        raise ConfigError(f"{source}: field '{prefix}.kv_lora_rank' is required for MLA attention")
-    return AttentionShape(**values)
-
-
-def _layer_list(where: str, table: dict[str, Any], key: str, layers: int) -> tuple[int, ...]:
-    value = table.get(key, [])
-    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in value):
-        raise ConfigError(f"{where}: field '{key}' must list layer indices below {layers}")
-    return tuple(sorted(set(value)))
-
-
-def preset_from_table(name: str, table: dict[str, Any], source: str = "presets.toml") -> ModelPreset:
-    """Build and check a ModelPreset from one TOML table."""
-    where = f"{source}: preset '{name}'"
-    kind = table.get("kind", "moe")
-    if kind not in ("moe", "dense"):
-        raise ConfigError(f"{where}: field 'kind' must be 'moe' or 'dense', got {kind!r}")
-    known = {f.name for f in dataclasses.fields(ModelPreset)} - {"name"}
-    unknown = set(table) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown field '{sorted(unknown)[0]}'")
-    values: dict[str, Any] = {"name": name, "kind": kind}
-    for key in _INT_FIELDS:
-        if key in table:
-            values[key] = _require_int(where, key, table[key], 0)
-    for key in ("layers", "hidden", "vocab"):
-        if key not in values:
-            raise ConfigError(f"{where}: field '{key}' is missing")
-        _require_int(where, key, values[key], 1)
-    for key in _BOOL_FIELDS:
-        if key in table:
-            values[key] = bool(table[key])
-    values["attention"] = _attention_from_table(where, table.get("attention"))
-    values["dense_layers"] = _layer_list(where, table, "dense_layers", values["layers"])
-    if "alt_attention" in table or "alt_attention_layers" in table:
-        values["alt_attention"] = _attention_from_table(where, table.get("alt_attention"), "alt_attention")
-        values["alt_attention_layers"] = _layer_list(where, table, "alt_attention_layers", values["layers"])
-    fmt = str(table.get("default_format", "BF16")).upper()
-    bytes_per_weight(fmt)
-    values["default_format"] = fmt
-    values["hf_id"] = str(table.get("hf_id", ""))
-    values["published_total_params_b"] = float(table.get("published_total_params_b", 0.0))
-    preset = ModelPreset(**values)
-    if kind == "moe":
-        for key in ("experts", "top_k", "expert_intermediate"):
-            _require_int(where, key, getattr(preset, key), 1)
-        if preset.top_k > preset.experts:
-            raise ConfigError(f"{where}: field 'top_k' ({preset.top_k}) exceeds 'experts' ({preset.experts})")
-        if not preset.moe_layers:
-            raise ConfigError(f"{where}: every layer is listed in 'dense_layers'; a MoE model needs one MoE layer")
-    if (kind == "dense" or preset.dense_layers) and preset.dense_intermediate < 1:
-        raise ConfigError(f"{where}: field 'dense_intermediate' is required for dense layers")
-    return preset
+def preset_from_table(name: str, table: dict[str, Any], source: str = "presets.toml", section: str | None = None) -> ModelPreset:
+    """Build and check a ModelPreset from one TOML table (`section`: its key path in the file, default the name)."""
+    section = name if section is None else section
+    if isinstance(table, dict) and "name" in table:
+        raise ConfigError(f"{source}: key '{section + '.' if section else ''}name': unknown key (the preset's name is its table's)")
+    return build(ModelPreset, {"kind": "moe", **table, "name": name} if isinstance(table, dict) else table, section, source, Path("."))
 
 
 @cache
@@ -413,13 +366,13 @@ def load_preset(name_or_path: str | Path) -> ModelPreset:
         if path.suffix == ".json":
             if not path.is_file():
                 raise InputError(f"{path}: no such preset file")
+            protect(path)
             return preset_from_hf_config(path)
         data = read_toml(path, "preset")
         if len(data) == 1 and isinstance(next(iter(data.values())), dict) and "layers" not in data:
             ((name, table),) = data.items()
-        else:
-            name, table = path.stem, data
-        return preset_from_table(name, table, source=str(path))
+            return preset_from_table(name, table, source=str(path))
+        return preset_from_table(path.stem, data, source=str(path), section="")
     known = ", ".join(n for n in tables if tables[n].get("kind") != "eagle")
     raise InputError(f"unknown model preset '{text}' (built-in: {known}; or {PRESET_FILES})")
 
@@ -469,81 +422,113 @@ def draft_for(name_or_path: str | Path, target: ModelPreset) -> ModelPreset:
 # ---- Hugging Face config.json ------------------------------------------------------------
 
 
-def _hf(config: dict[str, Any], path: Path, *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        if key in config and config[key] is not None:
-            return config[key]
-    if default is not None:
-        return default
-    raise InputError(f"{path}: field '{keys[0]}' is missing from the config")
+@dataclass(frozen=True)
+class HFConfig(Checked):
+    """The keys of a Hugging Face config.json moesim reads (null = absent), with their bounds."""
+
+    hidden_size: int = checked(ge=1, le=MAX_WIDTH)
+    num_hidden_layers: int = checked(ge=1, le=MAX_LAYERS)
+    num_attention_heads: int = checked(ge=1, le=MAX_WIDTH)
+    vocab_size: int = checked(ge=1, le=MAX_VOCAB)
+    model_type: str = ""
+    _name_or_path: str = ""
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    num_key_value_heads: int | None = checked(None, ge=1, le=MAX_WIDTH)
+    head_dim: int | None = checked(None, ge=1, le=MAX_WIDTH)
+    n_routed_experts: int | None = checked(None, ge=0, le=MAX_EXPERTS)
+    num_local_experts: int | None = checked(None, ge=0, le=MAX_EXPERTS)
+    num_experts: int | None = checked(None, ge=0, le=MAX_EXPERTS)
+    num_experts_per_tok: int | None = checked(None, ge=1, le=MAX_EXPERTS)
+    num_experts_per_token: int | None = checked(None, ge=1, le=MAX_EXPERTS)
+    experts_per_token: int | None = checked(None, ge=1, le=MAX_EXPERTS)
+    moe_intermediate_size: int | None = checked(None, ge=1, le=MAX_WIDTH)
+    intermediate_size: int | None = checked(None, ge=1, le=MAX_WIDTH)
+    n_shared_experts: int | None = checked(None, ge=0, le=MAX_EXPERTS)
+    shared_expert_intermediate_size: int | None = checked(None, ge=0, le=MAX_WIDTH)
+    first_k_dense_replace: int | None = checked(None, ge=0, le=MAX_LAYERS)
+    kv_lora_rank: int | None = checked(None, ge=0, le=MAX_WIDTH)
+    q_lora_rank: int | None = checked(None, ge=0, le=MAX_WIDTH)
+    qk_nope_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
+    qk_rope_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
+    v_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
+    sliding_window: int | None = checked(None, ge=0, lt=1 << 32)
+    ffn_dim: int | None = checked(None, ge=1, le=MAX_WIDTH)  # OPT
+    word_embed_proj_dim: int | None = checked(None, ge=1, le=MAX_WIDTH)  # OPT
+
+    def first(self, path: Path, *keys: str) -> int:
+        """The first of `keys` given; none given is one line naming the first."""
+        for key in keys:
+            if getattr(self, key) is not None:
+                return getattr(self, key)
+        raise InputError(f"{path}: key '{keys[0]}' is missing from the config")
 
 
 def preset_from_hf_config(path: Path) -> ModelPreset:
     """Read a Hugging Face config.json (Mixtral, Qwen-MoE, DeepSeek, OLMoE, Phi-MoE, gpt-oss, dense, OPT)."""
     try:
-        config = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
-    if not isinstance(config, dict):
+    if not isinstance(raw, dict):
         raise InputError(f"{path}: a config.json must hold an object")
-    model_type = str(config.get("model_type", ""))
-    hidden = _hf(config, path, "hidden_size")
-    layers = _hf(config, path, "num_hidden_layers")
-    heads = _hf(config, path, "num_attention_heads")
+    known = {f.name for f in dataclasses.fields(HFConfig)}
+    c = build(HFConfig, {k: v for k, v in raw.items() if k in known and v is not None}, "", str(path), path.parent)
+    heads = c.num_attention_heads
     table: dict[str, Any] = {
-        "layers": layers,
-        "hidden": hidden,
-        "vocab": _hf(config, path, "vocab_size"),
-        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
-        "hf_id": str(config.get("_name_or_path", "")),
+        "layers": c.num_hidden_layers,
+        "hidden": c.hidden_size,
+        "vocab": c.vocab_size,
+        "tie_embeddings": c.tie_word_embeddings,
+        "hf_id": c._name_or_path,
     }
-    experts = config.get("n_routed_experts") or config.get("num_local_experts") or config.get("num_experts") or 0
+    experts = c.n_routed_experts or c.num_local_experts or c.num_experts or 0
     attention: dict[str, Any] = {
         "kind": "gqa",
         "heads": heads,
-        "kv_heads": config.get("num_key_value_heads") or heads,
-        "head_dim": config.get("head_dim") or hidden // heads,
+        "kv_heads": c.num_key_value_heads or heads,
+        "head_dim": c.head_dim or c.hidden_size // heads,
     }
-    if config.get("kv_lora_rank"):
+    if c.kv_lora_rank:
+        nope, rope = c.first(path, "qk_nope_head_dim"), c.first(path, "qk_rope_head_dim")
         attention.update(
-            kind="mla",
-            q_lora_rank=config.get("q_lora_rank") or 0,
-            kv_lora_rank=config["kv_lora_rank"],
-            qk_nope_head_dim=_hf(config, path, "qk_nope_head_dim"),
-            qk_rope_head_dim=_hf(config, path, "qk_rope_head_dim"),
-            v_head_dim=_hf(config, path, "v_head_dim"),
-        )
-        attention["head_dim"] = attention["qk_nope_head_dim"] + attention["qk_rope_head_dim"]
+            kind="mla", q_lora_rank=c.q_lora_rank or 0, kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+            v_head_dim=c.first(path, "v_head_dim"), head_dim=nope + rope,
+        )  # fmt: skip
     elif attention["kv_heads"] == heads:
         attention["kind"] = "mha"
-    if model_type == "gpt_oss":
-        attention.update(sliding_window=config.get("sliding_window") or 0, sinks=True)
+    if attention["head_dim"] < 1:
+        raise InputError(
+            f"{path}: key 'hidden_size' ({c.hidden_size}) is smaller than 'num_attention_heads' ({heads}) and 'head_dim' is not given"
+        )
+    if c.model_type == "gpt_oss":
+        attention.update(sliding_window=c.sliding_window or 0, sinks=True)
         table.update(expert_bias=True, router_bias=True, attention_bias=True)
-    if model_type in ("qwen2_moe", "qwen2"):
+    if c.model_type in ("qwen2_moe", "qwen2"):
         table["qkv_bias"] = True
-    if model_type in ("qwen3_moe", "qwen3", "olmoe"):
+    if c.model_type in ("qwen3_moe", "qwen3", "olmoe"):
         table["qk_norm"] = True
-    if model_type == "phimoe" or config.get("attention_bias"):
+    if c.model_type == "phimoe" or c.attention_bias:
         table["attention_bias"] = True
-    if model_type == "deepseek_v3":
+    if c.model_type == "deepseek_v3":
         table["router_bias"] = True
-    if model_type == "opt":
-        table.update(ffn_gated=False, attention_bias=True, tie_embeddings=bool(config.get("tie_word_embeddings", True)))
-        table["embedding_dim"] = config.get("word_embed_proj_dim") or hidden
+    if c.model_type == "opt":
+        tied = c.tie_word_embeddings if raw.get("tie_word_embeddings") is not None else True  # OPT ties by default
+        table.update(ffn_gated=False, attention_bias=True, tie_embeddings=tied, embedding_dim=c.word_embed_proj_dim or c.hidden_size)
     table["attention"] = attention
     if experts:
         table["kind"] = "moe"
         table["experts"] = experts
-        table["top_k"] = _hf(config, path, "num_experts_per_tok", "num_experts_per_token", "experts_per_token")
-        table["expert_intermediate"] = _hf(config, path, "moe_intermediate_size", "intermediate_size")
-        table["shared_experts"] = config.get("n_shared_experts") or 0
-        table["shared_intermediate"] = config.get("shared_expert_intermediate_size") or 0
-        first_dense = config.get("first_k_dense_replace") or 0
+        table["top_k"] = c.first(path, "num_experts_per_tok", "num_experts_per_token", "experts_per_token")
+        table["expert_intermediate"] = c.first(path, "moe_intermediate_size", "intermediate_size")
+        table["shared_experts"] = c.n_shared_experts or 0
+        table["shared_intermediate"] = c.shared_expert_intermediate_size or 0
+        first_dense = c.first_k_dense_replace or 0
         table["dense_layers"] = list(range(first_dense))
         if first_dense:
-            table["dense_intermediate"] = _hf(config, path, "intermediate_size")
+            table["dense_intermediate"] = c.first(path, "intermediate_size")
     else:
         table["kind"] = "dense"
-        table["dense_intermediate"] = _hf(config, path, "intermediate_size", "ffn_dim")
+        table["dense_intermediate"] = c.first(path, "intermediate_size", "ffn_dim")
     name = path.parent.name if path.name == "config.json" else path.stem
-    return preset_from_table(name, table, source=str(path))
+    return preset_from_table(name, table, source=str(path), section="")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error
 
-from moesim.errors import InputError
+from moesim.errors import InputError, MoesimError
 from moesim.kernels.locality import mean_distinct_experts, reuse
 from moesim.tracegen.formats.schema import TraceGeometry, TraceMeta
 from moesim.tracegen.formats.trace import Trace, read_trace, write_trace
@@ -210,7 +210,7 @@ HEADER = 'format = "moesim-routing-params"\nformat_version = 1\n'
 def test_bad_parameter_files(text: str, fragment: str, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "bad.toml"
     path.write_text(text)
-    with pytest.raises(InputError, match=fragment):
+    with pytest.raises(MoesimError, match=fragment):
         load_params(path, _geometry(4, 16, 4))
     code, _, err = cli("trace", "synth", "--model", "olmoe-1b-7b", "--params", path, "--out", tmp_path / "s.arrow")
     assert_one_line_error(code, err, "bad.toml")

@@ -17,13 +17,13 @@ from conftest import DATA
 from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.builtin import CALIBRATED
-from moesim.hw_profiles.compare import dedup_comparison, uniform_routing_features
 from moesim.hw_profiles.families import CalibratedRange, ExpertFamily, ExpertInputs, Roofline
 from moesim.hw_profiles.fitting.calibrate import fit_profile
 from moesim.hw_profiles.fitting.derive import derive_profile
 from moesim.hw_profiles.fitting.family_fit import fit_terms, leave_one_group_out, structure_for
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.provenance import Provenance
+from moesim.hw_profiles.report import dedup_comparison, uniform_routing_features
 from moesim.hw_profiles.schema import profile_from_dict, profile_to_toml, read_profile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape

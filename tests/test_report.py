@@ -13,6 +13,7 @@ import pytest
 from conftest import assert_one_line_error
 from matplotlib.collections import QuadMesh
 
+from moesim.atomic import MANIFEST
 from moesim.sim.report import plots
 from moesim.sim.report.page import write_report
 from moesim.sim.sweep.config import load_config
@@ -134,7 +135,7 @@ def test_report_files_are_reproducible(inputs: tuple[Path, Path], tmp_path: Path
     write_report(list(inputs), tmp_path / "a")
     write_report(list(inputs), tmp_path / "b")
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert len(names) == 2 * len(FIGURES) + 1
+    assert len(names) == 2 * len(FIGURES) + 2 and MANIFEST in names  # PNG and SVG per figure, the page, the manifest
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 

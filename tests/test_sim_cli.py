@@ -199,7 +199,7 @@ def test_missing_trace_and_short_trace(cli, tmp_path: Path) -> None:  # type: ig
     assert_one_line_error(code, err, "'trace.tokens'", "largest verify window")
     bad_param = BASE + '\n[target]\nmodel = "olmoe-1b-7b"\n\n[trace]\nsynth = "sticky"\nsynth_params = { keep = 0.1 }\n'
     code, _, err = cli("simulate", write_config(tmp_path, bad_param), "--out", tmp_path / "x")
-    assert_one_line_error(code, err, "'trace.synth'", "keep")
+    assert_one_line_error(code, err, "'trace.synth_params.keep'", "unknown key")
     assert not (tmp_path / "x").exists()
 
 

@@ -14,6 +14,7 @@ import pytest
 from conftest import DATA, assert_one_line_error
 from scipy import stats
 
+from moesim.atomic import MANIFEST
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.fitting.family_fit import family_inputs
 from moesim.hw_profiles.ladder.rungs import RUNGS
@@ -243,7 +244,7 @@ def test_out_writes_predictions_atomically(cli, tmp_path: Path) -> None:  # type
     rungs = ["rung", "rung_exact_share", "rung_interpolated_share", "rung_fitted_share", "rung_extrapolated_share"]
     assert written.columns == [*source.columns, "predicted_us", "predicted_low_us", "predicted_high_us", *rungs, "extrapolated"]
     assert written.select(source.columns).equals(source)
-    assert sorted(p.name for p in out.iterdir()) == ["predictions.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "predictions.parquet"]  # and the list of moesim's files
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert_one_line_error(*cli("validate", H200, "--profile", "nvidia-h200", "--out", blocker)[::2], "output folder path is a file")

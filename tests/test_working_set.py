@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error
 
-from moesim.errors import InputError
+from moesim.errors import InputError, MoesimError
 from moesim.kernels.locality import mean_distinct_experts, reuse
 from moesim.tracegen.formats.schema import TraceGeometry, TraceMeta
 from moesim.tracegen.formats.select import select, selected_sequences
@@ -59,12 +59,12 @@ def test_a_fully_used_context_turns_over_at_its_persistence() -> None:
 def test_working_set_parameters_are_checked(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     g = _geometry(2, 16, 4)
     for params, fragment in (
-        ({"working_set": 16}, "'working_set' must be an integer in 0..15"),
-        ({"working_use": 1.5}, "'working_use' must lie in [0.0, 1.0]"),
-        ({"keep_prob": -0.1}, "'keep_prob' must lie in [0.0, 1.0]"),
+        ({"working_set": 16}, "'working_set' must be an integer in 0..15"),  # against the geometry: when drawing
+        ({"working_use": 1.5}, "'working_use': must be in [0, 1], got 1.5"),  # field bounds: on construction
+        ({"keep_prob": -0.1}, "'keep_prob': must be in [0, 1], got -0.1"),
         ({"working_persist": (0.5, 0.5, 0.5)}, "has 3 values, the trace has 2"),
     ):
-        with pytest.raises(InputError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        with pytest.raises(MoesimError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
             WorkingSet(**params).generate(g, 4, 1, 0)  # type: ignore[arg-type]
     path = tmp_path / "p.toml"
     path.write_text('format = "moesim-routing-params"\nformat_version = 1\ngenerator = "working-set"\n[params]\nworking_set = 2.5\n')

@@ -3,19 +3,25 @@
 No logic of its own: one module per command group (`trace`, `analysis`, `profile`, `microbench`,
 `simulate`, `validate`, `sweep`, `demo`), rendering in `render`, options generated from config
 dataclasses and the old spellings of renamed options in `options`. Every MoesimError becomes one
-line on stderr and exit code 2.
+line on stderr and exit code 2; an operating-system error (a file that cannot be written) one
+line naming the file; Ctrl-C exit code 130 and SIGTERM 143, after the same cleanup. Each
+command runs in an inputs scope (`moesim.atomic`): no output may replace a file it reads.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import warnings
+from types import FrameType
 
 import typer
 
+from moesim.atomic import inputs_scope
 from moesim.cli import analysis, demo, microbench, profile, simulate, sweep, trace, validate
 from moesim.cli.options import rename_old_spellings
-from moesim.cli.render import err_console, line
-from moesim.errors import MoesimError
+from moesim.cli.render import line
+from moesim.errors import MoesimError, Terminated, interrupt_code
 
 app = typer.Typer(
     name="moesim",
@@ -39,22 +45,39 @@ app.add_typer(profile.app, name="profile")
 app.add_typer(microbench.app, name="microbench")
 
 
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 2 bad input or usage, 130 interrupted)."""
+    """Run the CLI; returns the exit code (0 ok, 2 bad input or usage, 130 interrupted, 143 terminated)."""
     args = rename_old_spellings(sys.argv[1:] if argv is None else list(argv))
     try:
-        code = app(args=args, prog_name="moesim", standalone_mode=False)  # a command's typer.Exit(n) returns n here
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        with inputs_scope(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy's; a result's own warnings are printed by the command
+            code = app(args=args, prog_name="moesim", standalone_mode=False)  # a command's typer.Exit(n) returns n here
     except MoesimError as exc:
         return _error_line(str(exc))
+    except OSError as exc:  # a file the checks could not foresee (a full disk, a vanished folder)
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error_line(f"{where}{exc.strerror or exc.__class__.__name__}")
     except typer.TyperException as exc:  # usage errors: a missing or malformed option, an unknown command
         if type(exc).__name__ == "NoArgsIsHelpError":  # a group called without a command: its help, already shown
             return 0
         return _error_line(f"{exc.format_message()} (see 'moesim --help')")  # type: ignore[attr-defined]
     except typer.Exit as exc:
         return exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
-        err_console.print("moesim: interrupted")
-        return 130
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        code = interrupt_code(exc)
+        line("moesim: terminated" if code == 143 else "moesim: interrupted")
+        return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return code if isinstance(code, int) else 0
 
 

@@ -23,8 +23,9 @@ EngineOpt = Annotated[
 ]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Target MoE preset, or its .toml / config.json (default: the trace's).")]
 DRAFTER_HELP = (
-    f"ngram, eagle-head (or eagle), fixed:US (µs per draft step), a dense preset ({', '.join(builtin_names('dense'))}) "
-    "or a dense preset .toml / config.json."
+    "ngram[:US], suffix[:US], eagle-head (or eagle), eagle3[:VOCAB], mtp, medusa, dflash[:LAYERS], fixed:US (µs per draft step), "
+    f"a dense preset ({', '.join(builtin_names('dense'))}) or a dense preset .toml / config.json, preset:NAME (a MoE draft model); "
+    "options ,topk=K,tokens=N or ,paths=[[0],[0,0],...] (a draft tree) and ,device=PROFILE (a separate draft model)."
 )
 DrafterOpt = Annotated[str, typer.Option("--drafter", help=DRAFTER_HELP)]
 FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format (default: the trace's).")]
@@ -111,20 +112,43 @@ def predict_command(
 def best_draft_command(
     trace: TraceOpt,
     profile: ProfileOpt,
-    alpha: Annotated[list[float], typer.Option("--alpha", help="Acceptance rate(s) in [0, 1] (repeatable).")],
+    alpha: Annotated[
+        list[float] | None,
+        typer.Option("--alpha", help="Drafter's top-1 acceptance rate(s) in [0, 1], the same at every depth (repeatable)."),
+    ] = None,
     max_draft: Annotated[int, typer.Option("--max-draft", help="Largest draft length k.")] = 8,
     engine: EngineOpt = None,
     drafter: DrafterOpt = "ngram",
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
     context_tokens: ContextOpt = 512,
+    accept_len: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--accept-len",
+            help="Measured mean acceptance length L@k: tokens per verify pass, bonus included, at draft length k (repeatable).",
+        ),
+    ] = None,
+    depth_rates: Annotated[
+        list[str] | None, typer.Option("--depth-rates", help="Top-1 acceptance per depth, comma-separated; the last repeats (repeatable).")
+    ] = None,
+    accept_run: Annotated[
+        list[str] | None,
+        typer.Option("--accept-run", help="A recorded run's accepted counts (speculative run, or a table with 'accepted')."),
+    ] = None,
+    batch: Annotated[int, typer.Option("--batch", help="Requests drafting and verified together (B > 1: the union of their windows).")] = 1,
+    verdict: Annotated[
+        bool, typer.Option("--verdict", help="Does speculation pay: best k >= 1, interval, break-even length and the deciding term.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Best draft length k*(α) and its speedup, with intervals, the staircase and break-even acceptances."""
     from moesim.sim.analysis.best_draft import best_draft_analysis
 
     scenario = _scenario(trace, profile, engine, model, drafter, weight_format, context_tokens)
-    result = best_draft_analysis(scenario, alpha, max_draft)
+    result = best_draft_analysis(
+        scenario, alpha or [], max_draft, accept_lengths=accept_len, depth_rates=depth_rates, runs=accept_run, batch=batch, verdict=verdict
+    )
     if emit_json(result, as_json):
         return
     render_table(
@@ -134,6 +158,13 @@ def best_draft_command(
     )
     steps = ", ".join(f"k={k} from α={a:.3f}" for a, k in result.steps)
     console.print(f"staircase: {steps}")
+    if result.verdicts:
+        render_table(
+            result.verdict_table(),
+            title=f"Does speculation pay? batch {result.batch}",
+            caption="k: the best draft length >= 1, verify: its verify width, tau: tokens per pass; break_even = C(k), the "
+            "tokens per pass at which S = 1; decided_by: the largest term of C(k) - 1 (verify bytes, draft cost, spec overhead: --json)",
+        )
 
 
 def crossover_command(

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from moesim.atomic import check_out_dir
-from moesim.cli.options import config_options, from_options
+from moesim.atomic import check_out_dir, protect
+from moesim.cli.options import ForceOpt, config_options, from_options
 from moesim.cli.render import console, render_table, say
 from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig
 from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig
@@ -36,6 +36,7 @@ def _report_table(path: Path, rows: list[dict[str, Any]], provenance: dict[str, 
 def microbench_torch(
     out: OutOpt,
     model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is measured (repeatable).")] = None,
+    force: ForceOpt = False,
     **options: Any,
 ) -> None:
     """Time per-slot and deduplicating expert kernels through torch (CUDA graphs) and write a table."""
@@ -45,9 +46,9 @@ def microbench_torch(
     config = TorchBenchConfig(**from_options(TorchBenchConfig, options))
     config.validate()
     shapes = torch_shapes(model or list(DEFAULT_MODELS), config.dtype)
-    check_out_dir(out)
+    check_out_dir(out, force)
     result = run_torch_microbench(config, shapes, progress=say)
-    path = write_measurements(result.rows, out, result.provenance, result.device)
+    path = write_measurements(result.rows, out, result.provenance, result.device, force)
     _report_table(path, result.rows, result.provenance)
 
 
@@ -62,6 +63,7 @@ def microbench_llama_cpp(
     hidden: Annotated[int | None, typer.Option(help="Override the preset's hidden size.")] = None,
     expert_intermediate: Annotated[int | None, typer.Option(help="Override the preset's expert width.")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder).")] = None,
+    force: ForceOpt = False,
     **options: Any,
 ) -> None:
     """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
@@ -71,9 +73,9 @@ def microbench_llama_cpp(
     overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
     shapes = preset_shapes(model, weight_format, overrides)
     config = LlamaBenchConfig(**from_options(LlamaBenchConfig, options))
-    check_out_dir(out)
+    check_out_dir(out, force)
     result = run_llamacpp_shapes(config, shapes, models_dir, progress=say)
-    path = write_measurements(result.rows, out, result.provenance)
+    path = write_measurements(result.rows, out, result.provenance, force=force)
     _report_table(path, result.rows, result.provenance)
 
 
@@ -85,14 +87,16 @@ def microbench_import_backend_ops(
     per_slot_max_tokens: Annotated[
         int | None, typer.Option(help="Largest pass size run by a per-slot kernel (default: per backend, see docs).")
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Turn llama.cpp's MUL_MAT_ID perf cases into a measurement table (one expert matrix x 3 per row)."""
     from moesim.hw_profiles.microbench.backend_ops import import_backend_ops
     from moesim.hw_profiles.microbench.table import write_measurements
 
-    check_out_dir(out)
+    protect(log)
+    check_out_dir(out, force)
     result = import_backend_ops(log, backend, per_slot_max_tokens)
-    path = write_measurements(result.rows, out, result.provenance)
+    path = write_measurements(result.rows, out, result.provenance, force=force)
     _report_table(path, result.rows, result.provenance)
     for type_name, count in result.provenance["skipped_types"].items():
         say(f"note: {count} cases of type {type_name} skipped (no byte size known for it)")

@@ -23,6 +23,11 @@ from moesim.fields import option_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+ForceOpt = Annotated[
+    bool,
+    typer.Option("--force", help="Write into a non-empty output folder moesim did not write (only moesim's own files are ever replaced)."),
+]
+
 # Renamed options: command path -> {old spelling: new spelling}. The old one still works for one
 # release (hidden from --help) and prints a one-line note on stderr.
 RENAMED: dict[tuple[str, ...], dict[str, str]] = {

@@ -44,10 +44,11 @@ def profile_fit(
     ] = None,
 ) -> None:
     """Fit a profile: every kernel family of a measurement table, or the engine a benchmark's output ran; held-out errors; write it."""
-    from moesim.atomic import check_writable
+    from moesim.atomic import check_writable, protect
     from moesim.hw_profiles.fitting.bench_fit import is_measurement_table
     from moesim.hw_profiles.schema import write_profile
 
+    protect(table, device_json)
     check_writable(out)
     if not is_measurement_table(table):
         from moesim.hw_profiles.fitting.bench_fit import fit_bench_output
@@ -132,8 +133,7 @@ def profile_show(
 ) -> None:
     """Show a profile: device, roofline, families with fit errors, sources, and r(n) for uniform routing."""
     from moesim.hw_profiles import load_profile
-    from moesim.hw_profiles.compare import dedup_comparison
-    from moesim.hw_profiles.report import describe_profile
+    from moesim.hw_profiles.report import dedup_comparison, describe_profile
     from moesim.models import load_target
 
     loaded = load_profile(profile)
@@ -152,6 +152,14 @@ def profile_show(
         render_table(pl.DataFrame(description["dispatch"]), title="Dispatch (first rule that holds)", caption="n = tokens per pass")
     caption = "bound of each rung = its held-out p90 error, one layer / whole passes (% ; - = not measured); shape fits: rows weighted"
     render_table(pl.DataFrame(description["ladder_rows"]), title="Lookup ladder", caption=caption)
+    if "speculative" in description:
+        spec = loaded.speculative
+        render_table(
+            pl.DataFrame(description["speculative"]),
+            title=f"Speculative path ({spec.covers})",
+            caption=f"O = iteration + draft_step·steps + verified_token·tokens per speculative iteration, pass_us on every target "
+            f"forward; bound ±{100 * spec.heldout_error:.0f} %",
+        )
     render_table(pl.DataFrame(description["source_rows"]), title="Sources")
     for note in loaded.all_notes():
         console.print(f"note: {note}", markup=False)
@@ -170,11 +178,12 @@ def profile_derive(
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
 ) -> None:
     """Write a what-if profile: a base profile with scaled bandwidth and compute."""
-    from moesim.atomic import check_writable
+    from moesim.atomic import check_writable, protect
     from moesim.hw_profiles import load_profile
     from moesim.hw_profiles.fitting.derive import derive_profile
     from moesim.hw_profiles.schema import write_profile
 
+    protect(base)
     check_writable(out)
     derived = derive_profile(load_profile(base), name or out.stem, bandwidth_scale, compute_scale, fixed_us)
     write_profile(out, derived)

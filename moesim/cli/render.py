@@ -189,15 +189,32 @@ def emit_json(result: Any, as_json: bool) -> bool:
 
 @contextlib.contextmanager
 def progress(label: str, unit: str = "", enabled: bool = True) -> Iterator[Update]:
-    """A transient progress bar on stderr (nothing at all on a pipe or a log file); yields
-    `update(done, total, count)` (count: `unit`s so far, shown when `unit` is given)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+    """A transient progress bar on stderr with the time spent and an estimate of the time left
+    (nothing at all on a pipe or a log file); yields `update(done, total, count)` (count: `unit`s
+    so far, shown when `unit` is given)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     shown = unit != ""
     columns = [TextColumn(f"[bold]{label}[/bold]"), BarColumn(), MofNCompleteColumn() if shown else TaskProgressColumn()]
     if shown:
         columns.append(TextColumn("{task.fields[count]} " + unit))
-    bar = Progress(*columns, TimeElapsedColumn(), console=err_console, transient=True, disable=not (enabled and err_console.is_terminal))
+    bar = Progress(
+        *columns,
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not (enabled and err_console.is_terminal),
+    )
     task = bar.add_task(label, total=None, count=0)
 
     def update(done: float, total: float, count: int = 0) -> None:
@@ -207,6 +224,6 @@ def progress(label: str, unit: str = "", enabled: bool = True) -> Iterator[Updat
         yield update
 
 
-def interrupted(kept: str) -> None:
-    """The line of a command stopped by Ctrl-C, saying what it kept."""
-    line(f"moesim: interrupted: {kept}")
+def interrupted(kept: str, code: int = 130) -> None:
+    """The line of a command stopped by Ctrl-C (exit code 130) or SIGTERM (143), saying what it kept."""
+    line(f"moesim: {'terminated' if code == 143 else 'interrupted'}: {kept}")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from moesim.cli.options import ForceOpt
 from moesim.cli.render import console, err_console, print_json, progress, render_table
 
 
@@ -14,6 +15,7 @@ def simulate(
     config: Annotated[Path, typer.Argument(help="Simulation config (TOML); reference in docs/simulator.md.")],
     out: Annotated[Path | None, typer.Option(help="Output folder (default: the config's name + '-sim', here).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary (a study: its rows) as one JSON object.")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Simulate speculative decoding of a workload: per-request and per-iteration Arrow tables and a summary."""
     from moesim.sim.serving.config import load_config
@@ -22,7 +24,7 @@ def simulate(
 
     sim_config = load_config(config)
     with progress(f"simulating {config.name}", enabled=not as_json and err_console.is_terminal) as update:
-        outcome = simulate_to(sim_config, out, lambda fraction: update(fraction, 1.0))
+        outcome = simulate_to(sim_config, out, lambda fraction: update(fraction, 1.0), force)
     if outcome.study is not None:
         if as_json:
             print_json({"rows": outcome.study.to_dicts(), "out": str(outcome.out_dir)})

@@ -7,15 +7,20 @@ from typing import Annotated
 
 import typer
 
+from moesim.atomic import check_out_dir, protect
 from moesim.cli.analysis import JsonOpt
+from moesim.cli.options import ForceOpt
 from moesim.cli.render import console, interrupted, line, print_json, progress
+from moesim.errors import interrupt_code
 
 
 def sweep_command(
     config: Annotated[Path, typer.Argument(help="Sweep config (TOML); reference in docs/sweeps.md.")],
     out: Annotated[Path | None, typer.Option(help="Parquet file to write (default: the config's name + .parquet, beside it).")] = None,
     executor: Annotated[str | None, typer.Option(help="local or ray (default: the config's [sweep] executor).")] = None,
-    workers: Annotated[int | None, typer.Option(help="Worker processes / Ray CPUs, 0 = all cores (default: the config's).")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Worker processes / Ray CPUs, 0 = all cores (default: the config's).", min=0, max=1 << 16)
+    ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Discard this config's partial results instead of resuming.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -34,10 +39,10 @@ def sweep_command(
     try:
         with progress(f"sweeping {config.name}", "units", enabled=not as_json) as update:
             summary = run_sweep(sweep_config, target, executor, workers, fresh, on_unit)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         folder, kept = kept_units(sweep_config, target)
-        interrupted(f"{kept} of {total[0]} units kept in {folder}; run the same command again to resume")
-        raise typer.Exit(130) from None
+        interrupted(f"{kept} of {total[0]} units kept in {folder}; run the same command again to resume", interrupt_code(exc))
+        raise typer.Exit(interrupt_code(exc)) from None
     if as_json:
         print_json(summary.to_dict())
         return
@@ -60,11 +65,14 @@ def report_command(
         list[str] | None, typer.Option("--filter", help="Select sweep rows COLUMN=VALUE (repeatable), e.g. model=qwen3-30b-a3b.")
     ] = None,
     alpha: Annotated[list[float] | None, typer.Option("--alpha", help="Acceptance rates of the batch plot (repeatable).")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Plots (PNG and SVG) and a self-contained HTML page from sweep results and validation predictions."""
     from moesim.sim.report.page import write_report
 
-    report = write_report(results, out, filters or [], alpha or [])
+    protect(*results)
+    check_out_dir(out, force)
+    report = write_report(results, out, filters or [], alpha or [], force)
     for note in report.notes:
         line(f"moesim: note: {note}")
     console.print(f"report written to {report.out_dir}/index.html ({len(report.figures)} figures)")

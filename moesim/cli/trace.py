@@ -8,11 +8,13 @@ from typing import Annotated, Any
 import polars as pl
 import typer
 
+from moesim.atomic import check_writable, protect
 from moesim.cli.options import config_options, from_options
 from moesim.cli.render import console, interrupted, print_json, progress, render_table
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
 from moesim.tracegen.llamacpp.recorder import RecordConfig
 from moesim.tracegen.llamacpp.speculate import SpeculateConfig
+from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED
 
 app = typer.Typer(help="Routing traces: synthesise, inspect, record, import.", no_args_is_help=True)
 
@@ -40,10 +42,10 @@ SYNTH_TOKENS, SYNTH_SEQS = 1024, 1
 def trace_synth(
     model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
     out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
-    tokens: Annotated[int, typer.Option(help="Tokens per sequence.")] = SYNTH_TOKENS,
-    seqs: Annotated[int, typer.Option(help="Number of sequences.")] = SYNTH_SEQS,
+    tokens: Annotated[int, typer.Option(help="Tokens per sequence.", min=1, max=MAX_POSITIONS)] = SYNTH_TOKENS,
+    seqs: Annotated[int, typer.Option(help="Number of sequences.", min=1, max=MAX_POSITIONS)] = SYNTH_SEQS,
     like: Annotated[Path | None, typer.Option(help="Sequences of the same lengths as this trace (a file or a built-in name).")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    seed: Annotated[int, typer.Option(help="Random seed.", min=0, max=MAX_SEED)] = 0,
     uniform: Annotated[bool, typer.Option("--uniform", help="Independent uniform routing.")] = False,
     sticky: Annotated[float | None, typer.Option(help="Keep each expert of the previous token with this probability.")] = None,
     zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (alone: independent tokens; 0 = uniform).")] = 0.0,
@@ -56,20 +58,20 @@ def trace_synth(
     from moesim.errors import InputError
     from moesim.models import load_target
     from moesim.tracegen.formats.schema import TraceGeometry
-    from moesim.tracegen.formats.trace import read_trace, write_trace
-    from moesim.tracegen.routing.synth import generator_from_options, synthesize, synthesize_layout
+    from moesim.tracegen.formats.trace import read_trace
+    from moesim.tracegen.routing.synth import equal_lengths, generator_from_options, synthesize_to
 
     if like is not None and (tokens, seqs) != (SYNTH_TOKENS, SYNTH_SEQS):
         raise InputError("--like excludes --tokens and --seqs (it takes the trace's sequence lengths)")
+    protect(model, params, like)
+    check_writable(out)
     preset = load_target(model)
     generator = generator_from_options(preset, uniform, sticky, zipf, params, weight_format)
-    if like is None:
-        trace = synthesize(preset, generator, tokens, seqs, seed, weight_format)
-    else:
-        geometry = TraceGeometry.from_preset(preset, weight_format, "synthetic routing")
-        trace = synthesize_layout(geometry, generator, read_trace(like).seq_lengths(), seed)
-    write_trace(out, trace)
-    console.print(f"wrote {out}: {trace.n_seqs} sequences, {trace.n_tokens} tokens, generator {generator.name}")
+    geometry = TraceGeometry.from_preset(preset, weight_format, "synthetic routing")
+    lengths = equal_lengths(tokens, seqs) if like is None else read_trace(like).seq_lengths()
+    with progress("synthesising", "positions") as update:
+        synthesize_to(out, geometry, generator, lengths, seed, lambda done, total: update(done, total, done))
+    console.print(f"wrote {out}: {lengths.size} sequences, {int(lengths.sum())} tokens, generator {generator.name}")
 
 
 @app.command("info")
@@ -109,6 +111,7 @@ def trace_tiny_model(
     from moesim.tracegen.llamacpp.gguf_builder import expert_weight_bytes
     from moesim.tracegen.llamacpp.gguf_reader import write_tiny_model
 
+    protect(draft_of)
     spec = write_tiny_model(out, from_options(TinyModelSpec, shape, TINY_SHAPE), draft_of, noise)
     size_mb = out.stat().st_size / 1e6
     console.print(f"wrote {out}: {spec.model_name}, {size_mb:.2f} MB ({expert_weight_bytes(spec) / 1e6:.2f} MB of routed experts)")
@@ -126,13 +129,14 @@ def trace_record(
     from moesim.tracegen.llamacpp.prompts import load_prompts
     from moesim.tracegen.llamacpp.recorder import default_trace_path, kept_after_interrupt, record_trace
 
+    protect(model, prompts)
     config = RecordConfig(**from_options(RecordConfig, options))
     prompt_set = load_prompts(prompts)
     with progress("recording", "positions") as update:
         result = record_trace(model, prompt_set, out or default_trace_path(model), config, update)
     if result.interrupted:
-        interrupted(kept_after_interrupt(result.path, result.prompts_done))
-        raise typer.Exit(130)
+        interrupted(kept_after_interrupt(result.path, result.prompts_done), result.interrupted)
+        raise typer.Exit(result.interrupted)
     console.print(
         f"wrote {result.path}: {result.prompts_done} prompts, {result.positions} positions ({result.generated} generated) "
         f"in {result.seconds:.2f} s ({result.tokens_per_s:.0f} positions/s with routing capture)"
@@ -154,14 +158,15 @@ def trace_speculate(
     from moesim.tracegen.llamacpp.recorder import kept_after_interrupt
     from moesim.tracegen.llamacpp.speculate import default_run_path, speculative_run
 
+    protect(target, draft, prompts)
     config = SpeculateConfig(**from_options(SpeculateConfig, options))
     path = out or default_run_path(target, config.draft_len)
     prompt_set = load_prompts(prompts)
     with progress("speculating", "steps") as update:
         result = speculative_run(target, draft, prompt_set, path, config, update)
     if result.interrupted:
-        interrupted(kept_after_interrupt(result.path, result.prompts_done))
-        raise typer.Exit(130)
+        interrupted(kept_after_interrupt(result.path, result.prompts_done), result.interrupted)
+        raise typer.Exit(result.interrupted)
     summary = spec_run_summary(read_spec_run(path))
     console.print(f"wrote {path}: {result.prompts_done} prompts, {result.steps} verify steps")
     caption = "times are wall-clock means per step on contexts without routing capture"
@@ -184,13 +189,13 @@ def trace_import(
     compress: Annotated[str | None, typer.Option(help="Compress the trace's record batches: zstd.")] = None,
 ) -> None:
     """Import routing recorded elsewhere into a moesim trace."""
-    from moesim.atomic import check_writable
     from moesim.models import load_target
     from moesim.tracegen.formats.schema import TraceGeometry
     from moesim.tracegen.formats.trace import write_trace
     from moesim.tracegen.importers import import_routing
     from moesim.tracegen.importers.common import read_provenance
 
+    protect(source_path, model, provenance)
     geometry = TraceGeometry.from_preset(load_target(model), weight_format)
     check_writable(out)
     record = None if provenance is None else read_provenance(provenance)
@@ -207,16 +212,16 @@ def trace_fit(
     sequences: Annotated[
         str, typer.Option(help="Sequences to fit: all, a sequence group of the trace (e.g. law), optionally :even or :odd.")
     ] = "all",
-    seed: Annotated[int, typer.Option(help="Seed of the simulations.")] = 0,
-    max_positions: Annotated[int, typer.Option(help="Fit on at most this many positions (first sequences).")] = 1 << 15,
+    seed: Annotated[int, typer.Option(help="Seed of the simulations.", min=0, max=MAX_SEED)] = 0,
+    max_positions: Annotated[int, typer.Option(help="Fit on at most this many positions (first sequences).", min=1)] = 1 << 15,
 ) -> None:
     """Fit a routing generator per MoE layer by simulated moments (for `trace synth --params`)."""
-    from moesim.atomic import check_writable
     from moesim.tracegen.formats.select import select
     from moesim.tracegen.formats.trace import read_trace
     from moesim.tracegen.routing.fit import fit_generator
     from moesim.tracegen.routing.params import write_fit
 
+    protect(trace)
     check_writable(out)
     source = select(read_trace(trace), sequences)
     result = fit_generator(source, generator, seed=seed, max_positions=max_positions)

@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
+from moesim.atomic import protect
 from moesim.cli.analysis import JsonOpt, ProfileOpt
+from moesim.cli.options import ForceOpt
 from moesim.cli.render import console, emit_json, render_table
 
 
@@ -22,16 +24,18 @@ def validate_command(
     context_tokens: Annotated[int, typer.Option("--context-tokens", help="KV tokens of whole-pass rows that carry no position.")] = 512,
     filters: Annotated[list[str] | None, typer.Option("--filter", help="COL=VALUE: keep matching rows only (repeatable).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Folder to write predictions.parquet into.")] = None,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict every measured row with a profile and compare: errors, dedup savings and crossovers, best draft."""
     from moesim.sim.validate.result import ValidateOptions, check_predictions_dir, validate
 
+    protect(*measured, trace, profile)
     if out is not None:
-        check_predictions_dir(out)
+        check_predictions_dir(out, force)
     options = ValidateOptions(profile, trace, model, engine, context_tokens, tuple(filters or ()))
     result = validate(measured, options)
-    path = result.write(out) if out is not None else None
+    path = result.write(out, force) if out is not None else None
     if emit_json(result, as_json):
         return
     summary = result.to_dict()

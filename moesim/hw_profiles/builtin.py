@@ -10,13 +10,17 @@ moesim.hw_profiles.fitting.regenerate` rewrites them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from moesim.errors import InputError
+from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles.profile import HardwareProfile
-from moesim.hw_profiles.schema import read_profile
+from moesim.hw_profiles.schema import FORMAT_VERSION, read_profile, read_sources, sources_lines
+from moesim.hw_profiles.speculative import SpecPath, spec_path_from_table
+from moesim.tomlfile import read_toml, toml_section, toml_value
 
 CALIBRATED = "nvidia-h200"
 # The datasheet-scaled copies of the lab calibration these names held until this release, and the
@@ -45,12 +49,66 @@ def builtin_names() -> list[str]:
     return [CALIBRATED, *sorted(path.stem for path in profiles_dir().glob("*.toml") if path.stem != CALIBRATED)]
 
 
+def spec_paths_file() -> Path:
+    """The spec-path terms of the built-in engine profiles (`moesim.sim.validate.spec_runs` writes it)."""
+    return Path(str(resources.files("moesim.hw_profiles").joinpath("data", "spec_paths.toml")))
+
+
+SPEC_PATHS_FORMAT = "moesim-spec-paths"
+
+
+def spec_paths_to_toml(paths: dict[str, SpecPath], header: str) -> str:
+    """Spec-path terms of built-in profiles by profile name (`data/spec_paths.toml`), with their sources."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    toml_section(lines, None, {"format": SPEC_PATHS_FORMAT, "format_version": FORMAT_VERSION})
+    for name, spec in paths.items():
+        toml_section(lines, f"profiles.{toml_value(name)}", spec.table())
+        if spec.basis:
+            toml_section(lines, f"profiles.{toml_value(name)}.basis", spec.basis)
+    sources_lines(lines, {spec.source_id: spec.provenance for spec in paths.values()})
+    return "\n".join(lines) + "\n"
+
+
+def read_spec_paths(path: Path) -> dict[str, SpecPath]:
+    """The spec-path terms of `spec_paths_to_toml`, checked like a profile's `[speculative]` table."""
+    data = read_toml(path, "spec-path table")
+    origin = str(path)
+    if data.get("format") != SPEC_PATHS_FORMAT:
+        raise ConfigError(f"{origin}: field 'format' must be '{SPEC_PATHS_FORMAT}', got {data.get('format')!r}")
+    sources = read_sources(data, origin)
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise ConfigError(f"{origin}: field 'profiles' must be a table of profile name = spec-path table")
+
+    def fail(where: str, what: str) -> ConfigError:
+        return ConfigError(f"{origin}: field '{where}' {what}")
+
+    return {name: spec_path_from_table(table, f"profiles.{name}", sources, fail) for name, table in profiles.items()}
+
+
+@cache
+def builtin_spec_paths() -> dict[str, SpecPath]:
+    """Spec-path terms by built-in profile name."""
+    path = spec_paths_file()
+    return read_spec_paths(path) if path.is_file() else {}
+
+
+def with_spec_path(profile: HardwareProfile, spec: SpecPath | None) -> HardwareProfile:
+    """The profile carrying `spec` as its `[speculative]` table (its source added to the profile's)."""
+    if spec is None:
+        return dataclasses.replace(profile, speculative=None)
+    return dataclasses.replace(profile, speculative=spec, sources={**profile.sources, spec.source_id: spec.provenance})
+
+
 def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A built-in profile by name (or by the name it had before it became an engine profile), or a
-    profile TOML file by path."""
+    profile TOML file by path. A built-in without its own `[speculative]` table takes the one of
+    `data/spec_paths.toml`, where there is one."""
     text = RENAMED_PROFILES.get(str(name_or_path), str(name_or_path))
     if text in builtin_names():
-        return read_profile(profiles_dir() / f"{text}.toml")
+        profile = read_profile(profiles_dir() / f"{text}.toml")
+        spec = builtin_spec_paths().get(text)
+        return profile if profile.speculative is not None or spec is None else with_spec_path(profile, spec)
     path = Path(text)
     if path.suffix == ".toml" or path.exists():
         return read_profile(path)

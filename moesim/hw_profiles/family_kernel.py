@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
+
+from moesim.kernels.jit import njit
 
 if TYPE_CHECKING:
     from moesim.hw_profiles.families import ExpertFamily
@@ -35,7 +36,7 @@ def parameters(family: ExpertFamily, shape: ExpertShape, top_k: int) -> tuple[np
     )
 
 
-@numba.njit(cache=True)
+@njit
 def element_time_us(u, s, cmax, params, widths, compute, serial) -> float:  # noqa: ANN001
     """`ExpertFamily.inputs_time_us` of one pass of a family priced by its fitted terms alone, compiled: the same terms in the same order
     (`base_columns`, `model_time_us`, the roofline floor); `params` = tokens_per_read, cache_bytes,
@@ -81,14 +82,14 @@ def element_time_us(u, s, cmax, params, widths, compute, serial) -> float:  # no
     return max(total, max(u * b / (params[10] * 1e3), flops / (params[11] * 1e6)))
 
 
-@numba.njit(cache=True)
+@njit
 def pass_times_us(slots, distinct, most, params, widths, compute, serial, out) -> None:  # noqa: ANN001
     """`element_time_us` of every pass of flat arrays, into `out`."""
     for i in range(slots.shape[0]):
         out[i] = element_time_us(distinct[i], slots[i], most[i], params, widths, compute, serial)
 
 
-@numba.njit(cache=True)
+@njit
 def slowest_rank_layers_us(slots, distinct, most, params, widths, compute, serial) -> float:  # noqa: ANN001
     """Σ over layers of the slowest rank's time, for (ranks, layers) arrays."""
     total = 0.0

@@ -10,6 +10,7 @@ from moesim.errors import InputError
 from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.families import DenseFamily, ExpertFamily, Roofline
 from moesim.hw_profiles.provenance import Provenance
+from moesim.hw_profiles.speculative import SpecPath
 
 BACKENDS = ("cuda", "metal", "cpu", "vulkan")
 # published-calibrated: fitted on published measurements (data/public-bench), rows listed in its sources.
@@ -50,6 +51,7 @@ class HardwareProfile:
     section_sources: dict[str, str] = field(default_factory=dict)
     dispatch: Dispatch | None = None
     partial: bool = False
+    speculative: SpecPath | None = None  # the speculative path's own terms (engine profiles; None: O = 0)
 
     @property
     def families(self) -> tuple[str, ...]:

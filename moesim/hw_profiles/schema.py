@@ -9,7 +9,6 @@ may override it with `<field>_source`. Any problem is one line naming the file a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import tomllib
@@ -24,8 +23,9 @@ from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.ladder.tables import read_grid, read_rung_errors, read_transfer, rung_error_tables, transfer_table
 from moesim.hw_profiles.profile import BACKENDS, STATUSES, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import FittedRow, Provenance
+from moesim.hw_profiles.speculative import spec_path_from_table
 from moesim.models import bytes_per_weight
-from moesim.tomlfile import read_toml
+from moesim.tomlfile import read_toml, toml_section, toml_value
 
 FORMAT = "moesim-hardware-profile"
 FORMAT_VERSION = 1
@@ -104,7 +104,7 @@ class _Reader:
                 numeric = key.removesuffix("_source")
                 if numeric not in numeric_keys:
                     raise self.fail(f"{path}.{key}", f"overrides the source of '{numeric}', which is not a number of this section")
-                if value not in self.sources:
+                if not isinstance(value, str) or value not in self.sources:
                     raise self.fail(f"{path}.{key}", f"names unknown source {value!r}")
                 self.field_sources[f"{path}.{numeric}"] = value
 
@@ -114,7 +114,8 @@ class _Reader:
                 raise self.fail(f"{path}.{key}", "is unknown")
 
 
-def _read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
+def read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
+    """The `[sources]` table: id -> provenance, each checked."""
     sources_table = data.get("sources")
     if not isinstance(sources_table, dict) or not sources_table:
         raise ConfigError(f"{origin}: field 'sources' is missing: a profile lists where its numbers come from")
@@ -126,12 +127,18 @@ def _read_sources(data: dict[str, Any], origin: str) -> dict[str, Provenance]:
         if unknown:
             raise ConfigError(f"{origin}: field 'sources.{key}.{sorted(unknown)[0]}' is unknown")
         rows = _read_rows(table.get("rows", []), f"{origin}: field 'sources.{key}.rows'")
-        provenance = Provenance(**{k: str(v) for k, v in table.items() if k != "rows"}, rows=rows)
+        provenance = Provenance(**{"kind": "", **{k: str(v) for k, v in table.items() if k != "rows"}}, rows=rows)
         problem = provenance.problem()
         if problem:
             raise ConfigError(f"{origin}: field 'sources.{key}.{problem[0]}' {problem[1]}")
         sources[key] = provenance
     return sources
+
+
+def _notes(value: Any, origin: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{origin}: field 'notes' must be a list of strings, got {value!r}")
+    return tuple(str(note) for note in value)
 
 
 def _read_rows(value: Any, where: str) -> tuple[FittedRow, ...]:
@@ -337,10 +344,11 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         "sources",
         "dispatch",
         "partial",
+        "speculative",
     }
     if unknown:
         raise ConfigError(f"{origin}: field '{sorted(unknown)[0]}' is unknown")
-    reader = _Reader(origin, _read_sources(data, origin))
+    reader = _Reader(origin, read_sources(data, origin))
     name = reader.text(data, "name", "profile").strip()
     status = data.get("status")
     if status not in STATUSES:
@@ -402,11 +410,14 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         dense=dense,
         sources=reader.sources,
         field_sources=reader.field_sources,
-        notes=tuple(str(note) for note in data.get("notes", [])),
+        notes=_notes(data.get("notes", []), origin),
         derived_from=str(data.get("derived_from", "")),
         section_sources=reader.section_sources,
         dispatch=dispatch,
         partial=partial,
+        speculative=spec_path_from_table(data["speculative"], "speculative", reader.sources, reader.fail)
+        if "speculative" in data
+        else None,
     )
 
 
@@ -419,41 +430,13 @@ def read_profile(path: str | os.PathLike[str]) -> HardwareProfile:
 # ---- writing ---------------------------------------------------------------------------------
 
 
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def _section(lines: list[str], header: str | None, table: dict[str, Any]) -> None:
-    if header is not None:
-        lines.extend(["", f"[{header}]"])
-    lines.extend(f"{key} = {_value(value)}" for key, value in table.items() if value is not None)
-
-
 def _overrides(profile: HardwareProfile, path: str) -> dict[str, str]:
     prefix = f"{path}."
     return {f"{key.removeprefix(prefix)}_source": source for key, source in profile.field_sources.items() if key.startswith(prefix)}
 
 
 def _heldout_table(heldout: HeldoutError) -> dict[str, Any]:
-    table: dict[str, Any] = {}
-    for split in _SPLITS:
-        stats = getattr(heldout, split)
-        if stats is not None:
-            table[split] = stats.to_dict()
+    table: dict[str, Any] = {split: stats.to_dict() for split in _SPLITS if (stats := getattr(heldout, split)) is not None}
     if heldout.transfer:
         table["transfer"] = heldout.transfer
         table["transfer_note"] = heldout.transfer_note
@@ -464,21 +447,23 @@ def _ladder_sections(lines: list[str], profile: HardwareProfile, family: ExpertF
     """The family's lookup ladder (rung bounds, pass-level terms, fitted rung per shape, knots)."""
     if family.rung_errors is not None:
         for rung, table in rung_error_tables(family.rung_errors).items():
-            _section(lines, f"{path}.rung_error.{rung}", table)
+            toml_section(lines, f"{path}.rung_error.{rung}", table)
     if family.pass_transfer is not None:
-        _section(lines, f"{path}.pass_transfer", transfer_table(family.pass_transfer))
+        toml_section(lines, f"{path}.pass_transfer", transfer_table(family.pass_transfer))
     for label, fit in family.shape_fits.items():
-        _section(lines, f'{path}.shape_fits."{label}"', {"weight": fit.fit_weight, **fit.parameters(), "note": fit.note or None})
+        toml_section(lines, f'{path}.shape_fits."{label}"', {"weight": fit.fit_weight, **fit.parameters(), "note": fit.note or None})
     if family.grid is not None:
         grid = family.grid.to_table(profile.section_sources.get(f"{path}.grid", profile.section_sources[path]))
         lines.extend(["", f"[{path}.grid]"])
         for key, value in grid.items():
-            lines.append(f"{key} = {_wrapped(value) if isinstance(value, list) and len(value) > GRID_ITEMS_PER_LINE else _value(value)}")
+            lines.append(
+                f"{key} = {_wrapped(value) if isinstance(value, list) and len(value) > GRID_ITEMS_PER_LINE else toml_value(value)}"
+            )
 
 
 def _wrapped(values: list[Any]) -> str:
     """A long array over several lines."""
-    rows = [", ".join(_value(v) for v in values[i : i + GRID_ITEMS_PER_LINE]) for i in range(0, len(values), GRID_ITEMS_PER_LINE)]
+    rows = [", ".join(toml_value(v) for v in values[i : i + GRID_ITEMS_PER_LINE]) for i in range(0, len(values), GRID_ITEMS_PER_LINE)]
     return "[\n    " + ",\n    ".join(rows) + ",\n]"
 
 
@@ -501,9 +486,9 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         top["partial"] = True
     if profile.notes:
         top["notes"] = list(profile.notes)
-    _section(lines, None, top)
+    toml_section(lines, None, top)
     d = profile.device
-    _section(
+    toml_section(
         lines,
         "device",
         {
@@ -520,7 +505,7 @@ def profile_to_toml(profile: HardwareProfile) -> str:
             **_overrides(profile, "device"),
         },
     )
-    _section(
+    toml_section(
         lines,
         "roofline",
         {
@@ -530,9 +515,11 @@ def profile_to_toml(profile: HardwareProfile) -> str:
             **_overrides(profile, "roofline"),
         },
     )
-    _section(lines, "pass", {"fixed_us": profile.pass_fixed_us, "source": profile.section_sources["pass"], **_overrides(profile, "pass")})
+    toml_section(
+        lines, "pass", {"fixed_us": profile.pass_fixed_us, "source": profile.section_sources["pass"], **_overrides(profile, "pass")}
+    )
     dense = profile.dense
-    _section(
+    toml_section(
         lines,
         "families.dense",
         {
@@ -545,10 +532,10 @@ def profile_to_toml(profile: HardwareProfile) -> str:
             **_overrides(profile, "families.dense"),
         },
     )
-    _section(lines, "families.dense.heldout_error", _heldout_table(dense.heldout_error))
+    toml_section(lines, "families.dense.heldout_error", _heldout_table(dense.heldout_error))
     for name, family in profile.expert_families.items():
         path = f"families.{name}"
-        _section(
+        toml_section(
             lines,
             path,
             {
@@ -558,19 +545,34 @@ def profile_to_toml(profile: HardwareProfile) -> str:
                 **_overrides(profile, path),
             },
         )
-        _section(lines, f"{path}.calibrated_range", {key: list(bounds) for key, bounds in family.calibrated_range.bounds.items()})
-        _section(lines, f"{path}.heldout_error", _heldout_table(family.heldout_error))
+        toml_section(lines, f"{path}.calibrated_range", {key: list(bounds) for key, bounds in family.calibrated_range.bounds.items()})
+        toml_section(lines, f"{path}.heldout_error", _heldout_table(family.heldout_error))
         _ladder_sections(lines, profile, family, path)
     if profile.dispatch is not None:
         lines.extend(dispatch_lines(profile.dispatch))
-    for key, source in profile.sources.items():
+    if profile.speculative is not None:
+        toml_section(lines, "speculative", profile.speculative.table())
+        if profile.speculative.basis:
+            toml_section(lines, "speculative.basis", profile.speculative.basis)
+    sources_lines(lines, profile.sources)
+    return "\n".join(lines) + "\n"
+
+
+def sources_lines(lines: list[str], sources: dict[str, Provenance]) -> None:
+    """The `[sources.ID]` tables."""
+    for key, source in sources.items():
         fields = {"kind": source.kind, "file": source.file, "sha256": source.sha256, "citation": source.citation, "note": source.note}
-        _section(lines, f"sources.{key}", {k: v for k, v in fields.items() if v})
+        toml_section(lines, f"sources.{key}", {k: v for k, v in fields.items() if v})
         if source.rows:
             lines.append("rows = [")
-            lines.extend(f"    {_value(row.to_table())}," for row in source.rows)
+            lines.extend(f"    {toml_value(row.to_table())}," for row in source.rows)
             lines.append("]")
-    return "\n".join(lines) + "\n"
+
+
+def check_profile(profile: HardwareProfile, origin: str) -> HardwareProfile:
+    """The profile, checked as a file of it would be; a problem is blamed on `origin` (the input it came from)."""
+    profile_from_dict(tomllib.loads(profile_to_toml(profile)), origin)
+    return profile
 
 
 def write_profile(path: str | os.PathLike[str], profile: HardwareProfile) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from moesim.kernels.jit import njit
 
-@numba.njit(cache=True)
+
+@njit
 def _gap_histograms(experts, seq_starts, n_experts, max_pass, r0, r1, hist, tail_hist):  # noqa: ANN001, ANN202
     """Add the slots of rows [r0, r1) to hist[l, g] and, for the last max_pass - 1 rows of a
     sequence, to tail_hist[l, r, g] (r = rows to the sequence end); g = distance to the previous
@@ -45,7 +47,7 @@ def _gap_histograms(experts, seq_starts, n_experts, max_pass, r0, r1, hist, tail
         s += 1
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(parallel=True)
 def _gap_histograms_parallel(experts, seq_starts, n_experts, max_pass, bounds, hist, tail_hist):  # noqa: ANN001, ANN202
     for b in numba.prange(bounds.shape[0] - 1):
         _gap_histograms(experts, seq_starts, n_experts, max_pass, bounds[b], bounds[b + 1], hist[b], tail_hist[b])
@@ -88,7 +90,7 @@ def mean_distinct_experts(experts: np.ndarray, seq_starts: np.ndarray, n_experts
         return np.where(windows > 0, totals / np.maximum(windows, 1), np.nan)
 
 
-@numba.njit(cache=True)
+@njit
 def _overlap_counts(experts: np.ndarray, seq_starts: np.ndarray, n_experts: int, max_distance: int) -> tuple[np.ndarray, np.ndarray]:
     _, n_layers, k = experts.shape
     ring = max_distance + 1

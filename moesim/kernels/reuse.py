@@ -27,16 +27,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.jit import njit
 from moesim.kernels.unions import union_features_many
 
 DEFAULT_TILES = (8, 16, 32)  # the tokens-per-read of the tiled structures a profile fit tries
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _touch(stack, size, e):  # noqa: ANN001, ANN202
     """Move expert e to the top of the LRU stack (stack[0] = most recent); return (its distance
     before the move, 0 for a first read, and the new size)."""
@@ -57,7 +57,7 @@ def _touch(stack, size, e):  # noqa: ANN001, ANN202
     return distance, size
 
 
-@numba.njit(cache=True)
+@njit
 def _groups(experts, n_experts, group_offsets, starts, lengths, tiles, hist, reads):  # noqa: ANN001, ANN202
     """hist[g, l, d] and reads[i, g, l] (tile tiles[i]) of every group (see the module docstring)."""
     _, n_layers, k = experts.shape
@@ -125,7 +125,7 @@ def _tiles(tiles: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-@numba.njit(cache=True)
+@njit
 def _stream(stream, n_experts, hist):  # noqa: ANN001, ANN202
     stack = np.empty(n_experts, np.int64)
     size = 0
@@ -134,7 +134,7 @@ def _stream(stream, n_experts, hist):  # noqa: ANN001, ANN202
         hist[distance] += distance > 0
 
 
-@numba.njit(cache=True)
+@njit
 def _streams(streams, n_experts, hist):  # noqa: ANN001, ANN202
     for i in range(streams.shape[0]):
         _stream(streams[i], n_experts, hist[i])
@@ -151,7 +151,7 @@ def stream_histogram(stream: np.ndarray, n_experts: int) -> np.ndarray:
     return hist.reshape((*ids.shape[:-1], n_experts + 1))
 
 
-@numba.njit(cache=True)
+@njit
 def _window_means(experts, seq_starts, n_experts, max_pass, tiles, hist_sum, reads_sum, windows):  # noqa: ANN001, ANN202
     """Sums over all windows of n = 1..max_pass rows (pooled over layers) of the histogram, the
     chunk reads per tile, and the window count per n."""

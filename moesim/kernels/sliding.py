@@ -10,13 +10,13 @@ one per removal, so the count-of-counts finds the new maximum in one step). O(TÂ
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.jit import njit
 
 
-@numba.njit(cache=True)
+@njit
 def _sliding_joint(experts, seq_starts, n_experts, n, joint):  # noqa: ANN001, ANN202
     """joint[u, m] += 1 for every (window of n rows, layer) with U = u and M = m."""
     _, n_layers, k = experts.shape

@@ -25,9 +25,10 @@ import numba
 import numpy as np
 
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.jit import njit
 
 
-@numba.njit(cache=True)
+@njit
 def _union_groups(experts, n_experts, group_offsets, starts, lengths, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
     """Fill out_u[g, l], out_m[g, l] for each group; if hist has more than one column, add each
     expert's token count c >= 1 to hist[l, c]. `counts` (L, W), W > E, is zero on entry and on
@@ -65,7 +66,7 @@ def _union_groups(experts, n_experts, group_offsets, starts, lengths, counts, ou
             raise ValueError("expert id >= n_experts")
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(parallel=True)
 def _union_groups_parallel(experts, n_experts, group_offsets, starts, lengths, bounds, counts, out_u, out_m, hist):  # noqa: ANN001, ANN202
     """`_union_groups` for group ranges [bounds[b], bounds[b+1]) in parallel, scratch counts[b]."""
     for b in numba.prange(bounds.shape[0] - 1):
@@ -99,7 +100,7 @@ class UnionFeatures:
             return self.distinct_experts / (self.n_tokens[:, None] * self.top_k)
 
 
-@numba.njit(cache=True)
+@njit
 def _windows_inside(starts, lengths, rows):  # noqa: ANN001, ANN202
     """Whether every window [starts[i], starts[i] + lengths[i]) lies within rows 0..rows."""
     for i in range(starts.shape[0]):  # noqa: SIM110 (a loop Numba compiles; all() of a generator it does not)
@@ -190,7 +191,7 @@ def union_features_many(
 # ---- passes of a server: windows, prefill blocks, expert-parallel ranks -------------------------
 
 
-@numba.njit(cache=True)
+@njit
 def _union_pass(experts, n_experts, starts, lengths, checkpoints, block_lo, block_hi, ranks, counts, out_u, out_m, out_s):  # noqa: ANN001, ANN202
     """Count the windows' slots and add the blocks' counts (checkpoints[hi] − checkpoints[lo]) per
     (layer, expert), then per rank r (experts r·E/R .. (r+1)·E/R − 1) and layer: distinct experts,
@@ -230,7 +231,7 @@ def _union_pass(experts, n_experts, starts, lengths, checkpoints, block_lo, bloc
         raise ValueError("expert id >= n_experts")
 
 
-@numba.njit(cache=True)
+@njit
 def _checkpoints(experts, n_experts, rows, stride, out):  # noqa: ANN001, ANN202
     """out[j, l, e] = slots of expert e in layer l among rows 0 .. j·stride − 1."""
     _, n_layers, k = experts.shape

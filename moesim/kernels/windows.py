@@ -40,6 +40,7 @@ import numba
 import numpy as np
 
 from moesim.kernels.features import RoutingFeatures
+from moesim.kernels.jit import njit
 
 MAX_PASS_LIMIT = 64  # the widest occurrence mask
 _SUMMARY_BLOCK = 1024  # rows of per-window arrays a summary reduces at a time (stays in L2)
@@ -50,7 +51,7 @@ _M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
 _H01 = np.uint64(0x0101010101010101)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _popcount(x):  # noqa: ANN001, ANN202
     """Set bits of an unsigned mask (LLVM turns this into a vector popcount)."""
     x = x - ((x >> np.uint64(1)) & _M1)
@@ -65,7 +66,7 @@ def _low_masks(max_pass: int) -> np.ndarray:
     return np.array([(1 << (d + 1)) - 1 for d in range(max_pass)], dtype)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _row_step(experts, t, layer, lo, occ, slot_mask, low, new_at, top_at):  # noqa: ANN001, ANN202
     """Advance layer `layer` to row t: update the occurrence masks, fill new_at and top_at
     (the masks start empty at row `lo`: the sequence start, or where the scan began)."""
@@ -97,7 +98,7 @@ def _row_step(experts, t, layer, lo, occ, slot_mask, low, new_at, top_at):  # no
             top_at[d] = max(top_at[d], max(max(c0, c1), max(c2, c3)))
 
 
-@numba.njit(cache=True)
+@njit
 def _window_rows(experts, seq_starts, n_experts, low, r0, r1, out_u, out_m):  # noqa: ANN001, ANN202
     """out[t - r0 + N - 1, l, n-1] = U, M of the window of n rows ending at row t, for t in
     [r0, r1) (N = len(low)); 0 where that window would start before its sequence. The first
@@ -137,7 +138,7 @@ def _window_rows(experts, seq_starts, n_experts, low, r0, r1, out_u, out_m):  # 
         s += 1
 
 
-@numba.njit(cache=True)
+@njit
 def _accumulate(out_u, out_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN202
     """Add a block of per-window arrays to the summary (an incomplete window, U = 0, lands in
     joint[:, 0, 0], which the caller clears)."""
@@ -153,7 +154,7 @@ def _accumulate(out_u, out_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN
                 joint[d, out_u[r, layer, d], out_m[r, layer, d]] += 1
 
 
-@numba.njit(cache=True)
+@njit
 def _summarize_rows(experts, seq_starts, n_experts, low, r0, r1, buf_u, buf_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN202
     """Add every window ending at a row in [r0, r1) to the summary, a block of rows at a time."""
     lead = low.shape[0] - 1
@@ -164,7 +165,7 @@ def _summarize_rows(experts, seq_starts, n_experts, low, r0, r1, buf_u, buf_m, j
         _accumulate(buf_u[lead : lead + b1 - b0], buf_m[lead : lead + b1 - b0], joint, sum_u, sum_u2, sum_m)
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(parallel=True)
 def _summarize_parallel(experts, seq_starts, n_experts, low, bounds, buf_u, buf_m, joint, sum_u, sum_u2, sum_m):  # noqa: ANN001, ANN202
     """`_summarize_rows` for row ranges [bounds[b], bounds[b+1]) in parallel, range b into [b]."""
     for b in numba.prange(bounds.shape[0] - 1):

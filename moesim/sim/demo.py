@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from moesim.atomic import atomic_dir
+from moesim.atomic import check_out_dir, output_dir
 from moesim.models import load_preset
 from moesim.sim.cost.passbytes import pass_bytes_table, tokens_per_expert_table
 from moesim.sim.report.page import write_report
@@ -139,7 +139,7 @@ def _tokens_per_expert_section(trace: Trace, max_pass: int, batch: int) -> DemoS
 def _profile_section(config: DemoConfig) -> DemoSection:
     """Per-slot vs dedup time per pass size on the calibrated H200 profile (hardware profiles, issue 5)."""
     from moesim.hw_profiles import load_profile
-    from moesim.hw_profiles.compare import dedup_comparison
+    from moesim.hw_profiles.report import dedup_comparison
 
     profile = load_profile("nvidia-h200")
     preset = load_preset(config.model)
@@ -289,8 +289,10 @@ def _sweep_section(config: DemoConfig, trace: Trace, folder: Path) -> DemoSectio
     )
 
 
-def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
-    """Build the demo's inputs on the fly, compute every section, write the report folder."""
+def run_demo(out_dir: Path, config: DemoConfig = DemoConfig(), force: bool = False) -> DemoResult:
+    """Build the demo's inputs on the fly, compute every section, write the report folder (`force`:
+    into a folder holding files moesim did not write)."""
+    check_out_dir(out_dir, force)
     trace = read_trace(config.trace)
     result = DemoResult(out_dir=out_dir)
     result.sections.append(_bytes_section(trace, config.max_pass))
@@ -299,7 +301,7 @@ def run_demo(out_dir: Path, config: DemoConfig = DemoConfig()) -> DemoResult:
     result.sections.append(_best_draft_section(trace, config))
     result.sections.append(_recorded_section())
     result.sections.append(_speculation_section(config, trace))
-    with atomic_dir(out_dir) as staging:
+    with output_dir(out_dir, force) as staging:
         write_trace(staging / "trace.arrow", trace, compression="zstd")  # the routing the tables used, with its provenance
         for licence in sorted(resolve_trace(config.trace).parent.glob("LICENSE*")):  # a copy of a shipped trace keeps its notice
             (staging / licence.name).write_bytes(licence.read_bytes())

@@ -30,6 +30,7 @@ from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.measurements.table import DEVICE_NAME, load_measurements
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance, file_sha256
+from moesim.hw_profiles.schema import check_profile
 
 DENSE_COMPUTE_SHARE = 0.7
 DENSE_TRANSFER = 0.10
@@ -188,7 +189,8 @@ def fit_profile(
         raise InputError(f"--backend '{backend}': must be one of {', '.join(BACKENDS)}")
     backend = backend or (spec.backend if spec else None)
     if backend not in BACKENDS:
-        raise InputError(f"device '{device_name}' is not in the catalog: give --backend ({', '.join(BACKENDS)})")
+        where = f"{device_json}: key 'name'" if measured else f"{table}: column 'device'" if "device" in frame.columns else "--name"
+        raise InputError(f"{where}: device '{device_name}' is not in the catalog: give --backend ({', '.join(BACKENDS)})")
 
     sources: dict[str, Provenance] = {}
     field_sources: dict[str, str] = {}
@@ -306,6 +308,7 @@ def fit_profile(
         notes=tuple(notes),
         section_sources=section_sources,
     )
+    check_profile(profile, f"{table} (the profile fitted from its {frame.height} rows)")
     return FitReport(profile, fits, frame.height, notes, transfers)
 
 

@@ -19,6 +19,7 @@ from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.families import ExpertFamily, Roofline
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
+from moesim.hw_profiles.schema import check_profile
 
 
 def _scaled_family(
@@ -135,7 +136,7 @@ def derive_profile(
     source = Provenance("assumed", note=f"what-if derived from profile '{base.name}': {what}; held-out errors are the base's")
     roofline = Roofline(base.roofline.peak_bandwidth_gbps * bandwidth_scale, base.roofline.peak_tflops * compute_scale)
     device = dataclasses.replace(base.device, name=f"{base.device.name} (what-if: {what})")
-    return _scale(
+    derived = _scale(
         base,
         name,
         f"What-if from '{base.name}': {what}",
@@ -149,6 +150,7 @@ def derive_profile(
         device,
         fixed,
     )
+    return check_profile(derived, f"--bandwidth-scale {bandwidth_scale:g} --compute-scale {compute_scale:g} on '{base.name}'")
 
 
 def scaled_engine_profile(base: HardwareProfile, spec: DeviceSpec, base_spec: DeviceSpec, name: str, dispatch: Dispatch) -> HardwareProfile:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from moesim.hw_profiles.catalog import catalog
-from moesim.hw_profiles.compare import dedup_comparison
 from moesim.hw_profiles.engines import ENGINES
 from moesim.hw_profiles.fitting.derive import scaled_engine_profile
 from moesim.hw_profiles.fitting.engine_builtins import RECIPES, Group, Recipe, recipe_rows
@@ -23,6 +22,7 @@ from moesim.hw_profiles.fitting.engine_fit import EngineFit
 from moesim.hw_profiles.fitting.whole_pass import PassRow, predict_us, predicts
 from moesim.hw_profiles.heldout import ErrorStats
 from moesim.hw_profiles.profile import HardwareProfile
+from moesim.hw_profiles.report import dedup_comparison
 from moesim.models import load_preset
 
 VALIDATION: tuple[Recipe, ...] = (

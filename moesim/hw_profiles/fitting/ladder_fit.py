@@ -142,7 +142,7 @@ def interpolated_errors(fit: FamilyFit) -> np.ndarray:
     for label in dict.fromkeys(labels.tolist()):
         for routing in np.unique(fit.routings):
             held = (labels == label) & (fit.routings == routing)
-            if not held.any():
+            if not held.any() or held.all():  # nothing to hold out, or nothing left to refit on
                 continue
             terms = refit_weighted(fit.terms, x.select(~held), y[~held], np.ones(int((~held).sum())))
             fitted = predict_terms(terms, x)
@@ -162,7 +162,8 @@ def rung_errors(fit: FamilyFit, frame: pl.DataFrame) -> RungErrors:
     """Each rung's one-layer held-out error (module docstring)."""
     one_layer: dict[str, Stats] = {}
     notes = {}
-    if "time_us_p10" in frame.columns and "time_us_p90" in frame.columns and frame["time_us_p10"].null_count() == 0:
+    spread_columns = ("time_us_p10", "time_us_p90")
+    if all(name in frame.columns and frame[name].null_count() == 0 for name in spread_columns):  # every row has both
         spread = (frame["time_us_p90"].to_numpy() - frame["time_us_p10"].to_numpy()) / 2.0 / fit.measured_us
         exact = _stats(spread)
         if exact is not None:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from moesim.atomic import protect
 from moesim.errors import InputError, first_line
 
 TABLE_NAME = "measurements.parquet"
@@ -70,6 +71,10 @@ OPTIONAL_COLUMNS: dict[str, type[pl.DataType]] = {
     "variant": pl.String,
     "source": pl.String,
     "source_row": pl.Int64,
+    "time_us_p10": pl.Float64,
+    "time_us_p90": pl.Float64,
+    "time_us_min": pl.Float64,
+    "reps": pl.Int64,
 }
 SCOPES = ("op", "pass")
 DISPATCH_KERNEL = "dispatch"
@@ -77,7 +82,7 @@ DISPATCH_KERNEL = "dispatch"
 # Columns that must be > 0 where given, and those that must be >= 0.
 _POSITIVE = ("n_tokens", "time_us", "layers", "distinct_experts", "slots", "max_tokens_per_expert", "hidden",
              "expert_intermediate", "experts", "top_k", "expert_bytes", "tokens_per_s", "passes", "logit_rows",
-             "sequences", "source_row")  # fmt: skip
+             "sequences", "source_row", "time_us_p10", "time_us_p90", "time_us_min", "reps")  # fmt: skip
 _NON_NEGATIVE = ("bytes_requested", "seq", "window_start", "draft_len", "accepted_mean", "context_tokens", "head_share")
 
 
@@ -94,6 +99,7 @@ def is_dedup_family(kernel: str) -> bool:
 def _read_raw(path: Path) -> pl.DataFrame:
     if not path.is_file():
         raise InputError(f"{path}: no such measurement table")
+    protect(path)
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":

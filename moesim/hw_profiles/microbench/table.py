@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from moesim.atomic import atomic_path, check_out_dir
+from moesim.atomic import output_dir
 from moesim.errors import InputError
 from moesim.hw_profiles.measurements.table import DEVICE_NAME, PROVENANCE_NAME, TABLE_NAME, is_family, load_measurements
 from moesim.kernels.features import RoutingFeatures
@@ -158,29 +157,24 @@ def rows_to_frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
 
 
 def write_measurements(
-    rows: Sequence[Mapping[str, Any]], out_dir: Path, provenance: Mapping[str, Any], device: Mapping[str, Any] | None = None
+    rows: Sequence[Mapping[str, Any]],
+    out_dir: Path,
+    provenance: Mapping[str, Any],
+    device: Mapping[str, Any] | None = None,
+    force: bool = False,
 ) -> Path:
     """Write `provenance.json`, `device.json` when given (device facts and ceilings in the format of
     `data/h200/device.json`, which `profile fit` reads beside a table) and `measurements.parquet`
     into `out_dir`, each atomically; the table is checked against contract 3 before it replaces an
     older one. Returns the table's path."""
     frame = rows_to_frame(rows)
-    check_out_dir(out_dir)
-    out_dir.mkdir(exist_ok=True)
-    table = out_dir / TABLE_NAME
-    for name, payload in ((PROVENANCE_NAME, provenance), (DEVICE_NAME, device)):
-        if payload is not None:
-            with atomic_path(out_dir / name) as tmp:
-                tmp.write_text(json.dumps(payload, indent=1, sort_keys=True, default=str) + "\n")
-    with atomic_path(table) as tmp:
-        staged = tmp.with_name(tmp.name + ".parquet")
-        try:
-            frame.write_parquet(staged)
-            load_measurements(staged)
-            os.replace(staged, tmp)
-        finally:
-            staged.unlink(missing_ok=True)
-    return table
+    with output_dir(out_dir, force) as staging:
+        for name, payload in ((PROVENANCE_NAME, provenance), (DEVICE_NAME, device)):
+            if payload is not None:
+                (staging / name).write_text(json.dumps(payload, indent=1, sort_keys=True, default=str) + "\n")
+        frame.write_parquet(staging / TABLE_NAME)
+        load_measurements(staging / TABLE_NAME)
+    return out_dir / TABLE_NAME
 
 
 def rows_summary(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:

@@ -18,7 +18,8 @@ from moesim.sim.analysis.speculation import (
     check_draft_lengths,
     tokens_per_pass,
 )
-from moesim.sim.cost.drafters import draft_us
+from moesim.sim.cost.drafters import draft_steps, draft_us
+from moesim.sim.cost.steptime import PassCost
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -38,6 +39,8 @@ class BatchEffect:
     extrapolation: np.ndarray
     source: list[str]
     warnings: list[str] = field(default_factory=list)
+    tokens_per_pass: float | None = None  # τ of the drafter's tree at α (None: the chain's τ(k, α))
+    spec_us: np.ndarray | None = None  # the profile's spec-path overhead per B (None: no [speculative] table)
 
     @property
     def efficiency(self) -> np.ndarray:
@@ -46,17 +49,21 @@ class BatchEffect:
 
     @property
     def speedup(self) -> np.ndarray:
-        """S(B) = τ(k, α)·T(B, 1) / (T_draft(B, k) + T(B, k + 1))."""
-        return tokens_per_pass(self.draft_len, self.alpha) * self.single_us / (self.draft_us + self.verify_us)
+        """S(B) = τ·T(B, 1) / (T_draft(B, k) + T(B, v) + O(B)), v = k + 1 or the tree's width."""
+        tau = tokens_per_pass(self.draft_len, self.alpha) if self.tokens_per_pass is None else self.tokens_per_pass
+        spent = self.draft_us + self.verify_us if self.spec_us is None else self.draft_us + self.verify_us + self.spec_us
+        return tau * self.single_us / spent
 
     def table(self) -> pl.DataFrame:
         """One row per B."""
+        extra = {} if self.spec_us is None else {"spec_us": self.spec_us}
         return pl.DataFrame(
             {
                 "batch": self.batch,
                 "single_us": self.single_us,
                 "verify_us": self.verify_us,
                 "draft_us": self.draft_us,
+                **extra,
                 "distinct_experts": self.distinct_experts,
                 "target_efficiency": self.efficiency,
                 "speedup": self.speedup,
@@ -66,24 +73,36 @@ class BatchEffect:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
+        tree = {} if self.tokens_per_pass is None else {"tokens_per_pass": self.tokens_per_pass}
         return {
             "alpha": self.alpha,
             "draft_len": self.draft_len,
             "verify_tokens": self.verify_tokens,
+            **tree,
             "batches": self.table().to_dicts(),
             "lanes": self.source,
             "warnings": self.warnings,
         }
 
 
-def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[float, float, float, str]:
+def union_pass_cost(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[PassCost, np.ndarray, str]:
+    """Pass costs of `batch` sequences of n tokens each over the trace's batch windows (one per window),
+    their mean distinct experts per layer, and where the lanes came from."""
+    lengths = trace.seq_lengths()
+    if lengths.size < batch and int(lengths.max()) // batch < n:  # before any lane is laid out
+        raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     lanes = batch_lanes(trace.seq_starts, batch)
     if int(lanes.length.max(initial=0)) < n:
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     offsets, starts, lengths = batch_windows(lanes, n, max_batches)
     features = group_features(trace.experts, trace.meta.geometry.experts, offsets, starts, lengths)
     cost = scenario.model.pass_cost(features, float(batch * scenario.context_tokens), float(batch))
-    return float(cost.total_us().mean()), float(features.distinct_experts.mean()), float(cost.extrapolation.max()), lanes.describe()
+    return cost, features.distinct_experts, lanes.describe()
+
+
+def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[float, float, float, str]:
+    cost, distinct, lanes = union_pass_cost(scenario, trace, batch, n, max_batches)
+    return float(cost.total_us().mean()), float(distinct.mean()), float(cost.extrapolation.max()), lanes
 
 
 def batch_analysis(
@@ -96,7 +115,8 @@ def batch_analysis(
     max_batches: int = 256,
 ) -> BatchEffect:
     """Speedup and target efficiency vs batch size. MoESD's convention verifies γ = k slots per
-    sequence (`moesd_slots`); moesim's verifies k + 1."""
+    sequence (`moesd_slots`); moesim's verifies k + 1, or the width of the drafter's tree at k; the
+    profile's spec-path terms (if any) add to every iteration."""
     check_acceptance(alpha)
     k = int(check_draft_lengths(draft_len))
     if k < 1:
@@ -106,14 +126,22 @@ def batch_analysis(
     if routing not in ("trace", "uniform"):
         raise InputError(f"routing must be 'trace' or 'uniform', got '{routing}'")
     trace = scenario.trace if routing == "trace" else uniform_twin(scenario.trace, scenario.model.preset)
-    verify = k if moesd_slots else k + 1
+    tree = scenario.drafter.tree
+    if moesd_slots and not tree.is_chain:
+        raise InputError("--moesd-slots verifies gamma = k slots of a chain; the drafter has a tree")
+    verify = k if moesd_slots else tree.width(k)
+    spec = scenario.model.profile.speculative
+    engine_pass = spec.pass_us if spec is not None else 0.0
     rows = []
     for b in batches:
         single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
         multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, verify, max_batches)
+        if engine_pass:
+            single, multi = single + engine_pass, multi + engine_pass
         drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us)
-        rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}"))
-    single, multi, drafted, distinct, factor, source = zip(*rows, strict=True)
+        overhead = spec.overhead_us(draft_steps(scenario.drafter, k), b * verify) if spec is not None else 0.0
+        rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}", overhead))
+    single, multi, drafted, distinct, factor, source, overheads = zip(*rows, strict=True)
     sizes = np.asarray(batches)
     return BatchEffect(
         alpha=float(alpha),
@@ -127,12 +155,17 @@ def batch_analysis(
         extrapolation=np.asarray(factor),
         source=list(source),
         warnings=extrapolation_warnings("batch", "B", np.asarray(factor), sizes),
+        tokens_per_pass=None if tree.is_chain else float(tree.tokens_per_pass(k, np.array([alpha]))[0]),
+        spec_us=None if spec is None else np.asarray(overheads),
     )
 
 
 def parse_batch_sizes(text: str, option: str = "--batch") -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (empty items skipped)."""
+    """'1,2,4' -> [1, 2, 4]; an empty item, a non-integer or a size below 1 is one line."""
     try:
-        return [int(b) for b in text.split(",") if b.strip()]
+        sizes = [int(b) for b in text.split(",")]
     except ValueError:
         raise InputError(f"{option} must be comma-separated integers, got '{text}'") from None
+    if min(sizes) < 1:
+        raise InputError(f"{option} sizes must be >= 1, got {min(sizes)}")
+    return sizes

@@ -1,5 +1,7 @@
 """`moesim best-draft`: the best draft length k*(α) with its speedup, interval over the error box,
-staircase and break-even acceptances."""
+staircase and break-even acceptances; with `verdict`, whether speculation pays at all and why
+(`moesim.sim.analysis.verdict`). The drafter's tree sets every k's verify width; the profile's
+spec-path terms add to every speculative iteration."""
 
 from __future__ import annotations
 
@@ -9,18 +11,20 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings
+from moesim.errors import InputError
+from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, extrapolation_warnings
 from moesim.sim.analysis.speculation import (
-    best_draft,
+    best_in_table,
     break_even_alpha,
-    check_acceptance,
     check_draft_lengths,
     relative_cost,
-    speedup_table,
     staircase,
+    tokens_per_pass_table,
 )
+from moesim.sim.analysis.verdict import AcceptancePoint, Verdict, acceptance_points, spec_costs, speedup_tables, verdicts
 from moesim.sim.cost.drafters import draft_us
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, PassCost
+from moesim.sim.cost.tree import TreeSpec, break_even_alpha_tree
 
 
 def draft_costs_us(scenario: Scenario, max_draft: int, batch: int = 1) -> np.ndarray:
@@ -41,7 +45,8 @@ def corner_costs(cost: PassCost, draft_us_by_k: np.ndarray, drafter_uses_dense: 
 
 @dataclass(frozen=True)
 class BestDraft:
-    """k*(α) with speedups, their intervals, ambiguity, the staircase and break-even acceptances."""
+    """k*(α) with speedups, their intervals, ambiguity, the staircase and break-even acceptances;
+    for trees, batches, spec-path terms and other acceptances, what they were, and the verdicts."""
 
     alpha: np.ndarray
     best_draft: np.ndarray
@@ -54,10 +59,15 @@ class BestDraft:
     break_even: np.ndarray
     steps: list[tuple[float, int]]
     warnings: list[str] = field(default_factory=list)
+    acceptance: tuple[str, ...] = ()  # labels of the points when any is not a plain α
+    verify_tokens: tuple[int, ...] = ()  # per k when the drafter verifies a tree
+    spec_overhead_us: tuple[float, ...] = ()  # per k when the profile has spec-path terms
+    batch: int = 1
+    verdicts: tuple[Verdict, ...] = ()
 
     def table(self) -> pl.DataFrame:
-        """One row per α."""
-        return pl.DataFrame(
+        """One row per acceptance point."""
+        frame = pl.DataFrame(
             {
                 "alpha": self.alpha,
                 "best_draft": self.best_draft,
@@ -69,9 +79,28 @@ class BestDraft:
                 ],
             }
         )
+        return frame.with_columns(acceptance=pl.Series(self.acceptance)) if self.acceptance else frame
+
+    def verdict_table(self) -> pl.DataFrame:
+        """One row per acceptance point: does speculation pay, at which k, and why (the terms in --json)."""
+        return pl.DataFrame(
+            [
+                {
+                    "acceptance": v.acceptance,
+                    "verdict": v.verdict,
+                    "k": v.draft_len,
+                    "verify": v.verify_tokens,
+                    "tau": v.tokens_per_pass,
+                    "speedup": f"{v.speedup:.3f} ({v.speedup_low:.3f}-{v.speedup_high:.3f})",
+                    "break_even": v.break_even_tokens,
+                    "decided_by": v.decided_by,
+                }
+                for v in self.verdicts
+            ]
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form: `points` as the issue specifies, plus staircase and break-even."""
+        """JSON form: `points` as the issue specifies, plus staircase and break-even (and what else was asked)."""
         points = [
             {
                 "alpha": float(a),
@@ -94,29 +123,62 @@ class BestDraft:
                 strict=True,
             )
         ]
-        return {
+        for point, label in zip(points, self.acceptance, strict=False):
+            point["acceptance"] = label
+        out: dict[str, Any] = {
             "points": points,
             "relative_cost": self.relative_cost.tolist(),
             "break_even_alpha": [None if not np.isfinite(a) else float(a) for a in self.break_even],
             "staircase": [{"from_alpha": a, "best_draft": k} for a, k in self.steps],
             "warnings": self.warnings,
         }
+        extras = {"verify_tokens": list(self.verify_tokens), "spec_overhead_us": list(self.spec_overhead_us)}
+        out.update({key: value for key, value in extras.items() if value})
+        if self.batch != 1:
+            out["batch"] = self.batch
+        if self.verdicts:
+            out["verdict"] = [v.to_dict() for v in self.verdicts]
+        return out
 
 
-def best_draft_analysis(scenario: Scenario, alphas: list[float] | np.ndarray, max_draft: int = 8) -> BestDraft:
-    """Best draft length k = 0..max_draft per α, with intervals from the families' ε."""
-    alpha = check_acceptance(np.asarray(alphas, np.float64))
+def best_draft_analysis(
+    scenario: Scenario,
+    alphas: list[float] | np.ndarray,
+    max_draft: int = 8,
+    *,
+    accept_lengths: list[str] | None = None,
+    depth_rates: list[str] | None = None,
+    runs: list[str] | None = None,
+    batch: int = 1,
+    verdict: bool = False,
+) -> BestDraft:
+    """Best draft length k = 0..max_draft per acceptance point, with intervals from the families' ε
+    (and the spec-path terms' bound); `verdict` adds whether speculation pays at each point."""
     check_draft_lengths(max_draft, "max draft length")
-    cost = expected_costs(scenario, np.arange(1, max_draft + 2))
-    draft = draft_costs_us(scenario, max_draft)
-    uses_dense = scenario.drafter.provenance == "profile"
-    nominal, *corners = corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
-    k_star, s_star = best_draft(alpha, nominal)
-    at_corners = [speedup_table(alpha, c)[np.arange(alpha.size), k_star] for c in corners]
-    k_corners = np.stack([best_draft(alpha, c)[0] for c in corners])
-    warnings = extrapolation_warnings("verify pass", "n", cost.extrapolation, np.arange(1, max_draft + 2))
+    if max_draft > LARGEST_PASS - 1:  # a verify pass is k + 1 tokens
+        raise InputError(f"the largest draft length (--max-draft) must lie in 0..{LARGEST_PASS - 1}, got {max_draft}")
+    longest = int(scenario.trace.seq_lengths().max())
+    if max_draft + 1 > longest:
+        raise InputError(f"--max-draft {max_draft} needs passes of {max_draft + 1} positions; the longest in the trace has {longest}")
+    if batch < 1:
+        raise InputError(f"batch must be >= 1, got {batch}")
+    tree = scenario.drafter.tree
+    points: list[AcceptancePoint] = acceptance_points(list(np.ravel(alphas)), accept_lengths or [], depth_rates or [], runs or [], tree)
+    costs = spec_costs(scenario, max_draft, batch)
+    taus, tables = speedup_tables(points, costs, tree)
+    nominal = costs.relative()
+    k_star, s_star = best_in_table(tables[0])
+    index = np.arange(len(points))
+    at_corners = [t[index, k_star] for t in tables[1:]]
+    k_corners = np.stack([best_in_table(t)[0] for t in tables[1:]])
+    k = np.arange(max_draft + 1)
+    if tree.is_chain:
+        break_even, steps = break_even_alpha(k, nominal), staircase(nominal)
+    else:
+        break_even = np.array([break_even_alpha_tree(tree, int(j), float(nominal[j])) for j in k])
+        steps = staircase(nominal, grid=201, best=lambda a: _tree_best(a, max_draft, tree, nominal))
     return BestDraft(
-        alpha=alpha,
+        alpha=np.array([p.alpha for p in points]),
         best_draft=k_star,
         speedup=s_star,
         speedup_low=np.min(at_corners, axis=0),
@@ -124,7 +186,23 @@ def best_draft_analysis(scenario: Scenario, alphas: list[float] | np.ndarray, ma
         best_draft_low=k_corners.min(axis=0),
         best_draft_high=k_corners.max(axis=0),
         relative_cost=nominal,
-        break_even=break_even_alpha(np.arange(max_draft + 1), nominal),
-        steps=staircase(nominal),
-        warnings=warnings,
+        break_even=break_even,
+        steps=steps,
+        warnings=extrapolation_warnings("verify pass", "n", *_distinct(costs.verify.extrapolation, costs.widths)),
+        acceptance=tuple(p.label for p in points) if any(not p.label.startswith("alpha=") for p in points) else (),
+        verify_tokens=() if tree.is_chain else tuple(int(w) for w in costs.widths),
+        spec_overhead_us=tuple(float(o) for o in costs.overhead_us) if np.any(costs.overhead_us) else (),
+        batch=batch,
+        verdicts=tuple(verdicts(points, tables, taus, costs, tree)) if verdict else (),
     )
+
+
+def _distinct(factor: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One extrapolation factor per distinct verify width (a tree's widths repeat once capped)."""
+    sizes, first = np.unique(widths, return_index=True)
+    return np.asarray(factor)[first], sizes
+
+
+def _tree_best(alpha: np.ndarray | float, max_draft: int, tree: TreeSpec, cost: np.ndarray) -> np.ndarray:
+    """k* of the tree family at constant α (the staircase's question)."""
+    return best_in_table(tokens_per_pass_table(np.reshape(alpha, (-1, 1)), max_draft, tree) / cost)[0].reshape(np.shape(alpha))

@@ -77,7 +77,7 @@ def load_scenario(
     hw = load_profile(profile)
     fmt = weight_format or trace.meta.geometry.weight_format
     step = StepTimeModel(preset, hw, default_engine(hw, engine), fmt)
-    return Scenario(step, trace, make_drafter(drafter, preset), context_tokens)
+    return Scenario(step, trace, make_drafter(drafter, preset, fmt), context_tokens)
 
 
 LARGEST_PASS = 4096  # batched verification, prefill chunks, kernel tables run to M = 4096

@@ -6,9 +6,12 @@ speculative iteration = (T_draft(k) + T_target(k + 1)) / T_target(1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from moesim.errors import InputError
+from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, depth_alphas
 
 TIE_RTOL = 1e-12
 _NEAR_ONE = 1e-6
@@ -80,14 +83,33 @@ def speedup_table(alpha: np.ndarray, cost: np.ndarray) -> np.ndarray:
     return powers
 
 
-def best_draft(alpha: np.ndarray | float, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """k*(α) = argmax_k S(k, α) over k = 0..k_max, ties (within rtol 1e-12) to the larger k; and S(k*)."""
-    a = np.asarray(alpha, np.float64)
-    table = speedup_table(a.ravel(), cost)
+def tokens_per_pass_table(rates: np.ndarray, max_draft: int, tree: TreeSpec, sibling_rate: float = DEFAULT_SIBLING_RATE) -> np.ndarray:
+    """τ for every acceptance point (rows of per-depth top-1 rates; a row's last rate repeats) and
+    k = 0..max_draft: shape (points, max_draft + 1). The chain sums Π α_d by cumulative product and
+    sum (as `speedup_table`, so a constant row gives its numbers bit for bit); a tree sums its nodes."""
+    points = depth_alphas(rates, max(max_draft, 1))
+    if not tree.is_chain:
+        return np.stack([tree.tokens_per_pass(k, points, sibling_rate) for k in range(max_draft + 1)], axis=1)
+    powers = np.empty((points.shape[0], max_draft + 1))
+    powers[:, :1] = 1.0
+    powers[:, 1:] = points[:, :max_draft]
+    np.cumprod(powers, axis=1, out=powers)
+    np.cumsum(powers, axis=1, out=powers)
+    return powers
+
+
+def best_in_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the k of the largest speedup (ties within rtol 1e-12 to the larger k) and that speedup."""
     top = table.max(axis=1, keepdims=True)
     within = table >= top * (1.0 - TIE_RTOL)
     k_star = table.shape[1] - 1 - np.argmax(within[:, ::-1], axis=1)
-    best = table[np.arange(table.shape[0]), k_star]
+    return k_star, table[np.arange(table.shape[0]), k_star]
+
+
+def best_draft(alpha: np.ndarray | float, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """k*(α) = argmax_k S(k, α) over k = 0..k_max, ties (within rtol 1e-12) to the larger k; and S(k*)."""
+    a = np.asarray(alpha, np.float64)
+    k_star, best = best_in_table(speedup_table(a.ravel(), cost))
     return k_star.reshape(a.shape), best.reshape(a.shape)
 
 
@@ -110,11 +132,16 @@ def break_even_alpha(draft_len: np.ndarray | int, cost: np.ndarray, iterations: 
     return np.where(c >= k + 1.0, np.nan, result).reshape(np.shape(draft_len))
 
 
-def staircase(cost: np.ndarray, grid: int = 2001, iterations: int = 60) -> list[tuple[float, int]]:
+def staircase(
+    cost: np.ndarray, grid: int = 2001, iterations: int = 60, best: Callable[[np.ndarray | float], np.ndarray] | None = None
+) -> list[tuple[float, int]]:
     """The best-draft staircase [(α from which k* = k, k), ...] starting at α = 0; every jump
-    between grid points is located by bisection (several jumps in one grid cell included)."""
+    between grid points is located by bisection (several jumps in one grid cell included).
+    `best(α)` gives k* (default: the chain's, `best_draft(α, cost)`)."""
+    if best is None:
+        best = lambda a: best_draft(a, cost)[0]  # noqa: E731
     alphas = np.linspace(0.0, 1.0, grid)
-    k_star, _ = best_draft(alphas, cost)
+    k_star = best(alphas)
     steps = [(0.0, int(k_star[0]))]
     for i in np.flatnonzero(np.diff(k_star) != 0):
         low, current = float(alphas[i]), int(k_star[i])
@@ -122,11 +149,11 @@ def staircase(cost: np.ndarray, grid: int = 2001, iterations: int = 60) -> list[
             lo, hi = low, float(alphas[i + 1])
             for _ in range(iterations):
                 mid = 0.5 * (lo + hi)
-                if int(best_draft(mid, cost)[0]) == current:
+                if int(best(mid)) == current:
                     lo = mid
                 else:
                     hi = mid
-            current = int(best_draft(hi, cost)[0])
+            current = int(best(hi))
             steps.append((hi, current))
             low = hi
     return steps

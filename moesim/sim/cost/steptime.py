@@ -244,8 +244,8 @@ class StepTimeModel:
     def counts_pass_us(self, n_tokens: int, distinct: np.ndarray, most: np.ndarray, context_tokens: float, sequences: float = 1.0) -> float:
         """`pass_time_us` from the per-layer distinct experts and max tokens per expert of a pass of
         n tokens. A pass size seen TABLE_AFTER_PASSES times gets tables of every (U, M)
-        (`layer_time_table`) and is looked up in them; rarer sizes are evaluated in one compiled
-        call per family (`ExpertFamily.fast_time_us`): the same numbers either way (tested)."""
+        (`layer_time_table`) and is looked up in them; rarer sizes are evaluated per family by
+        `ExpertFamily.fast_time_us` (compiled where the family allows): the same numbers either way (tested)."""
         names = self._pass_families(n_tokens)
         if (names[0], n_tokens) not in self._time_tables:
             tables = self.pass_tables
@@ -320,8 +320,8 @@ class StepTimeModel:
     ) -> float:
         """A pass from per-rank features ((ranks, MoE layers) arrays of distinct experts, max
         tokens per expert and slots, `moesim.kernels.unions.union_pass`: a mixed pass of chunked
-        prefill, or expert parallel): each layer costs its slowest rank, each family evaluated in
-        one compiled call (`ExpertFamily.fast_layers_us`: `time_us` per rank and layer)."""
+        prefill, or expert parallel): each layer costs its slowest rank (`ExpertFamily.fast_layers_us`:
+        `time_us` per rank and layer); one rank is a pass of n tokens like any other (`counts_pass_us`)."""
         if np.shape(distinct)[0] == 1:  # one rank: a pass of n tokens like any other (its tables once frequent)
             return self.counts_pass_us(n_tokens, np.asarray(distinct)[0], np.asarray(most)[0], context_tokens, sequences)
         shape = self.expert_shape

@@ -14,6 +14,13 @@ decoding sequence s reads region row (first row of s + p) mod R, so requests sha
 share their prompt's routing, as they share its text. A chunk attends to its prompt so far (its
 context is its last position). Over expert-parallel ranks every pass goes through the union
 of the windows and chunks per rank (`union_pass`).
+
+A draft tree (`widths`, the verify width at each draft length k) verifies that many consecutive
+positions of the request's trace sequence from its position: the routing of a tree's sibling
+branches is taken from the trace's next positions (they share their prefix's context), not drawn.
+A profile with a spec path (`[speculative]`) adds its `pass_us` to every target forward (verify,
+plain decode, prefill chunk, mixed pass) and its overhead O(steps, verified tokens) to every
+iteration that drafts.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 from moesim.errors import InputError
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.unions import PrefillRegion, union_features, union_pass, union_scratch
-from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_us
+from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_steps, draft_us
 from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, OUTSIDE, STRAY_ID, pass_total_us, scratch_for
 from moesim.sim.cost.pass_table import NO_CHUNKS, PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
@@ -36,11 +43,13 @@ from moesim.tracegen.formats.trace import Trace
 
 @dataclass
 class _Drafting:
-    """Drafting and the non-mixed prefill, shared by the trace-driven and the dense cost models."""
+    """Drafting, the spec path's terms and the non-mixed prefill, shared by the trace-driven and the
+    dense cost models."""
 
     model: StepTimeModel
     drafter: Drafter
     prefill_chunk: int
+    widths: tuple[int, ...]
     _prefill_pass_us: dict[tuple[int, int], float]
 
     @property
@@ -48,11 +57,29 @@ class _Drafting:
         """A drafter of no cost (n-gram lookup): every draft costs 0 µs."""
         return isinstance(self.drafter, FixedDrafter) and self.drafter.step_time_us == 0.0
 
+    @property
+    def pass_us(self) -> float:
+        """The engine's time per target forward beyond the profile's families (its spec path's pass_us; 0 without one)."""
+        spec = self.model.profile.speculative
+        return spec.pass_us if spec is not None else 0.0
+
+    def verify_tokens(self, n_tokens: np.ndarray) -> np.ndarray:
+        """Tokens each request verifies: its tree's width at its draft length n − 1 (n without a tree)."""
+        return np.asarray(self.widths, np.int64)[np.asarray(n_tokens, np.int64) - 1] if self.widths else n_tokens
+
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
-        """The drafter's steps for the batch, at the batch's mean context."""
-        if self.free or not np.any(np.asarray(draft_lens) > 0):
+        """The drafter's steps for the batch, at the batch's mean context, and the spec path's
+        overhead O of the iteration (its steps, every verified token of the batch)."""
+        lens = np.asarray(draft_lens)
+        if not np.any(lens > 0):
             return 0.0
-        return draft_us(self.drafter, draft_lens, float(context_tokens.sum()) / context_tokens.size, self.model.dense_family_us)
+        context = float(context_tokens.sum()) / context_tokens.size
+        drafted = 0.0 if self.free else draft_us(self.drafter, lens, context, self.model.dense_family_us)
+        spec = self.model.profile.speculative
+        if spec is None:
+            return drafted
+        verified = int(np.sum(np.asarray(self.widths)[lens])) if self.widths else int(np.sum(lens + 1))
+        return drafted + spec.overhead_us(draft_steps(self.drafter, int(lens.max())), verified)
 
     def chunked_prefill_us(self, prompt_tokens: int, chunk: int, pass_us: Callable[[int, int], float]) -> float:
         """ceil(P / chunk) passes of at most `chunk` tokens at the context already prefilled."""
@@ -75,6 +102,7 @@ class TraceBatchCost:
     trace: Trace
     drafter: Drafter
     prefill_chunk: int = 512
+    widths: tuple[int, ...] = ()  # verify width per draft length k (a draft tree); empty: k + 1
     compiled: bool = True  # False: the reference path (union counters, then the model's numpy lookups)
     last_distinct_experts: float = field(default=0.0, init=False)
     _scratch: np.ndarray = field(init=False, repr=False)
@@ -96,7 +124,7 @@ class TraceBatchCost:
         self._fast = scratch_for(len(g.moe_layers), g.experts)
         self._out = np.zeros(2)
         self._seq_starts = self.trace.seq_starts
-        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, {})
+        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, self.widths, {})
 
     def features(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray) -> RoutingFeatures:
         """Routing features (per MoE layer) of the union of windows [starts[i], starts[i] + n_tokens[i]) of sequences seqs[i]."""
@@ -106,22 +134,42 @@ class TraceBatchCost:
         total = float(lengths.sum())
         return RoutingFeatures(np.float64(total), np.float64(total * self.model.preset.top_k), distinct, most)
 
+    def _tree_windows(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """With a draft tree, each request's window is its tree's width, kept inside its sequence."""
+        if not self.widths:
+            return starts, n_tokens
+        seqs = np.asarray(seqs, np.int64)
+        n_tokens = self._drafting.verify_tokens(n_tokens)
+        room = self._seq_starts[seqs + 1] - self._seq_starts[seqs] - n_tokens
+        return np.clip(np.asarray(starts, np.int64), 0, np.maximum(room, 0)), n_tokens
+
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
-        """One pass of the whole batch; remembers the mean distinct experts per layer of the union."""
+        """One pass of the whole batch; remembers the mean distinct experts per layer of the union. With
+        a draft tree each request verifies its tree's width; the profile's spec path adds its pass_us."""
         if self.model.parallel.ranks > 1:
             return self.mixed_us(seqs, starts, n_tokens, context_tokens, NO_CHUNKS)
+        starts, n_tokens = self._tree_windows(seqs, starts, n_tokens)
         rows = self._seq_starts[seqs] + starts
         if self.compiled:
             context, sequences = float(context_tokens.sum()), float(context_tokens.size)
-            return self.compiled_pass_us(rows, n_tokens, _NO_BLOCKS, _NO_BLOCKS, int(n_tokens.sum()), context, sequences)
+            pass_us = self.compiled_pass_us(rows, n_tokens, _NO_BLOCKS, _NO_BLOCKS, int(n_tokens.sum()), context, sequences)
+            return pass_us + self._drafting.pass_us
         distinct, most = union_features(self.trace.experts, rows, n_tokens, self.trace.meta.geometry.experts, self._scratch)
         self.last_distinct_experts = float(distinct.sum()) / distinct.size
-        return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), float(context_tokens.size))
+        passes = float(context_tokens.size)
+        return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), passes) + self._drafting.pass_us
 
     def mixed_us(
         self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
     ) -> float:
-        """The union of the windows and the chunks (see the module docstring), per expert-parallel rank."""
+        """The union of the windows (a draft tree's widths) and the chunks (see the module docstring), per
+        expert-parallel rank, plus the spec path's pass_us."""
+        starts, n_tokens = self._tree_windows(seqs, starts, n_tokens)
+        return self._ranked_us(seqs, starts, n_tokens, context_tokens, chunks)
+
+    def _ranked_us(
+        self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
+    ) -> float:
         rows = self._seq_starts[seqs] + starts
         lengths = n_tokens
         lo = hi = NO_CHUNKS.seqs
@@ -139,12 +187,13 @@ class TraceBatchCost:
         ranks = self.model.parallel.ranks
         total = int(n_tokens.sum()) + int(chunks.tokens.sum())
         context = float(context_tokens.sum()) + chunks.context
+        passes = float(context_tokens.size + len(chunks))
         if self.compiled and ranks == 1:
-            return self.compiled_pass_us(rows, lengths, lo, hi, total, context, float(context_tokens.size + len(chunks)))
+            return self.compiled_pass_us(rows, lengths, lo, hi, total, context, passes) + self._drafting.pass_us
         distinct, most, slots = union_pass(self.trace.experts, rows, lengths, experts, self._scratch, self._region, lo, hi, ranks)
         layer_distinct = distinct.sum(axis=0)
         self.last_distinct_experts = float(layer_distinct.sum()) / layer_distinct.size
-        return self.model.rank_pass_us(distinct, most, slots, total, context, float(context_tokens.size + len(chunks)))
+        return self.model.rank_pass_us(distinct, most, slots, total, context, passes) + self._drafting.pass_us
 
     def compiled_pass_us(
         self,
@@ -179,14 +228,14 @@ class TraceBatchCost:
         return float(self._out[0])
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
-        """The drafter's steps for the batch, at the batch's mean context."""
+        """The drafter's steps for the batch, at the batch's mean context, and the spec path's overhead."""
         return self._drafting.draft_us(draft_lens, context_tokens)
 
     def _chunk_us(self, tokens: int, context: int) -> float:
         if self.model.parallel.ranks > 1:
-            return self.mixed_us(_ZERO, _ZERO, np.array([tokens]), np.array([context]), NO_CHUNKS)
+            return self._ranked_us(_ZERO, _ZERO, np.array([tokens]), np.array([context]), NO_CHUNKS)
         features = self.features(np.array([0]), np.array([0]), np.array([tokens]))
-        return self.model.pass_time_us(features, float(context))
+        return self.model.pass_time_us(features, float(context)) + self._drafting.pass_us
 
     def prefill_us(self, prompt_tokens: int) -> float:
         """ceil(P / chunk) chunked passes (see the module docstring)."""
@@ -198,31 +247,32 @@ class TraceBatchCost:
 class DenseBatchCost:
     """A dense target (no experts, no trace): every pass is the dense family on its tokens and
     context (`StepTimeModel.dense_pass_us`); drafting as `TraceBatchCost`; a prompt's prefill in
-    passes of `prefill_chunk` tokens."""
+    passes of `prefill_chunk` tokens; a draft tree verifies its widths."""
 
     model: StepTimeModel
     drafter: Drafter
     prefill_chunk: int = 512
+    widths: tuple[int, ...] = ()  # verify width per draft length k (a draft tree); empty: k + 1
     last_distinct_experts: float = field(default=math.nan, init=False)
     _drafting: _Drafting = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.prefill_chunk < 1:
             raise InputError(f"prefill chunk must be >= 1 token, got {self.prefill_chunk}")
-        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, {})
+        self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, self.widths, {})
 
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The dense pass of the batch's tokens at its summed context."""
-        return self.model.dense_pass_us(float(np.sum(n_tokens)), float(np.sum(context_tokens)), float(np.size(context_tokens)))
+        tokens = float(np.sum(self._drafting.verify_tokens(n_tokens)))
+        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)), float(np.size(context_tokens))) + self._drafting.pass_us
 
     def mixed_us(
         self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
     ) -> float:
         """The dense pass of the verified and prefilled tokens, each chunk at its prompt so far."""
-        tokens = float(np.sum(n_tokens)) + float(chunks.tokens.sum())
-        return self.model.dense_pass_us(
-            tokens, float(np.sum(context_tokens)) + chunks.context, float(np.size(context_tokens) + len(chunks))
-        )
+        tokens = float(np.sum(self._drafting.verify_tokens(n_tokens))) + float(chunks.tokens.sum())
+        passes = float(np.size(context_tokens) + len(chunks))
+        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)) + chunks.context, passes) + self._drafting.pass_us
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The drafter's steps for the batch, at the batch's mean context."""
@@ -231,7 +281,7 @@ class DenseBatchCost:
     def prefill_us(self, prompt_tokens: int) -> float:
         """ceil(P / chunk) dense passes at the context already prefilled."""
         return self._drafting.chunked_prefill_us(
-            prompt_tokens, self.prefill_chunk, lambda tokens, done: self.model.dense_pass_us(tokens, done)
+            prompt_tokens, self.prefill_chunk, lambda tokens, done: self.model.dense_pass_us(tokens, done) + self._drafting.pass_us
         )
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
-from moesim.atomic import atomic_dir
+from moesim.atomic import output_dir
 from moesim.errors import InputError, first_line
 from moesim.filters import apply_filters, parse_filters
 from moesim.sim.report import plots
@@ -250,6 +250,50 @@ def best_draft_summary(sweep: pl.DataFrame, alphas: list[float] = ()) -> pl.Data
     return rows.group_by(["engine", "drafter", "batch"], maintain_order=True).agg(columns).sort("engine", "drafter", "batch")
 
 
+def verdict_summary(sweep: pl.DataFrame, alphas: list[float] = ()) -> pl.DataFrame:  # type: ignore[assignment]
+    """Does speculation pay, per engine × drafter × batch at the α of the best-draft table: the best
+    k >= 1, its speedup and interval, the break-even acceptance length C(k) (tokens per pass), the
+    term of C(k) − 1 that decides (verify bytes, draft cost or spec overhead: C·T(1) − T_draft −
+    T(width)), and the smallest α of the grid from which some k >= 1 pays."""
+    points = sweep.filter(pl.col("record") == "point")
+    if points.is_empty():
+        return pl.DataFrame()
+    focus = points.filter(*(pl.col(k) == _first(points, k) for k in FOCUS_KEYS))
+    keys = ["engine", "drafter", "batch"]
+    plain = focus.filter(pl.col("draft_len") == 0).group_by(keys).agg(pl.col("verify_us").first().alias("plain_us"))
+    spec = focus.filter(pl.col("draft_len") >= 1).join(plain, on=keys)
+    if spec.is_empty():
+        return pl.DataFrame()
+    pays_from = spec.filter(pl.col("speedup") > 1.0).group_by(keys).agg(pl.col("alpha").min().alias("pays_from_alpha"))
+    picked = _nearest_alphas(np.unique(focus["alpha"].to_numpy()), list(alphas) or list(DEFAULT_BATCH_ALPHAS))
+    best = (
+        spec.filter(pl.col("alpha").is_in(picked))
+        .sort("speedup", "draft_len", descending=True)
+        .group_by([*keys, "alpha"], maintain_order=True)
+        .first()
+    )
+    verify = (pl.col("verify_us") - pl.col("plain_us")) / pl.col("plain_us")
+    draft = pl.col("draft_us") / pl.col("plain_us")
+    terms = pl.concat_list(verify, draft, pl.col("relative_cost") - 1.0 - verify - draft)
+    names = pl.Series(["verify bytes", "draft cost", "spec overhead"])
+    table = best.with_columns(
+        verdict=pl.when(pl.col("speedup_low") > 1.0).then(pl.lit("pays")).when(pl.col("speedup_high") < 1.0).then(pl.lit("loses")),
+        decided_by=terms.list.arg_max().map_elements(lambda i: names[i], return_dtype=pl.String),
+    ).join(pays_from, on=keys, how="left")
+    return table.select(
+        *keys,
+        "alpha",
+        pl.col("verdict").fill_null("uncertain"),
+        pl.col("draft_len").alias("k"),
+        "speedup",
+        "speedup_low",
+        "speedup_high",
+        pl.col("relative_cost").alias("break_even_tokens"),
+        "decided_by",
+        "pays_from_alpha",
+    ).sort(*keys, "alpha")
+
+
 def simulation_summary(sweep: pl.DataFrame) -> pl.DataFrame:
     """The SimPy cells of the focus model, profile and routing: one row per engine × drafter × batch × α × policy."""
     cells = sweep.filter(pl.col("record") == "simulation")
@@ -290,7 +334,7 @@ def _page(report: Report, sources: list[str], table: str) -> str:
     )
 
 
-def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alphas: list[float] = ()) -> Report:  # type: ignore[assignment]
+def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alphas: list[float] = (), force: bool = False) -> Report:  # type: ignore[assignment]
     """Read the results, draw every figure they support, write DIR/index.html and the images (atomically)."""
     sweep, predictions, sources = load_results([Path(p) for p in paths], Path(out_dir))
     if sweep is not None:
@@ -301,7 +345,7 @@ def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alph
     if bad:
         raise InputError(f"--alpha must lie in [0, 1], got {bad[0]}")
     report = Report(out_dir=Path(out_dir))
-    with matplotlib.rc_context(RC), atomic_dir(out_dir) as staging:
+    with matplotlib.rc_context(RC), output_dir(out_dir, force) as staging:
         if sweep is not None:
             _sweep_figures(sweep, list(alphas), staging, report)
         if predictions is not None:
@@ -312,8 +356,12 @@ def write_report(paths: list[Path], out_dir: Path, filters: list[str] = (), alph
             )
         table = ""
         if sweep is not None:
-            table = _html_table(best_draft_summary(sweep, alphas), "Best draft length k* and its speedup") + _html_table(
-                simulation_summary(sweep), "Simulated policies (SimPy): speedup over speculation off"
+            table = (
+                _html_table(best_draft_summary(sweep, alphas), "Best draft length k* and its speedup")
+                + _html_table(
+                    verdict_summary(sweep, alphas), "Does speculation pay? The best k >= 1, break-even acceptance length, deciding term"
+                )
+                + _html_table(simulation_summary(sweep), "Simulated policies (SimPy): speedup over speculation off")
             )
         (staging / "index.html").write_text(_page(report, sources, table))
     return report

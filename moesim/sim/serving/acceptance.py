@@ -19,21 +19,19 @@ config keys of `[acceptance]`, and `bind` returns the per-request state.
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 import numpy as np
-import polars as pl
-import pyarrow as pa
-import pyarrow.ipc as ipc
 
-from moesim.errors import InputError, first_line
 from moesim.fields import FieldError, require
 from moesim.registry import Registry
 from moesim.sim.analysis.speculation import tokens_per_pass
-from moesim.tracegen.formats.specrun import META_FORMAT_KEY, SPECRUN_FORMAT, read_spec_run
+from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, DraftTree, TreeSpec, accepted_survival
+from moesim.tracegen.formats.specrun import read_accepted_counts
 
 BLOCK_DRAWS = 4096  # uniforms drawn at once per request (fewer if the request is shorter)
 _STREAM_ACCEPTANCE = 0xACCE  # tag separating the acceptance streams from other seeded streams
@@ -254,6 +252,53 @@ class Position:
         return _SurvivalRequest(request_rng(seed, request_id), _block_size(output_tokens), self.survival(k_cap))
 
 
+@ACCEPTANCE_MODELS.register
+@dataclass(frozen=True)
+class Tree:
+    """A draft tree's accepted length (`moesim.sim.cost.tree`): at every depth the drafter's top
+    candidate matches with `alpha`, each further sibling with `sibling_rate` of what the higher
+    ranks missed; S_d = P(A >= d) of the [drafter]'s tree at the policy's largest draft length (the
+    tree at a smaller k is that tree cut at depth k)."""
+
+    name: ClassVar[str] = "tree"
+    alpha: float
+    sibling_rate: float = DEFAULT_SIBLING_RATE
+    shape: TreeSpec = field(default_factory=TreeSpec, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_alpha(self.alpha, "alpha")
+        _check_alpha(self.sibling_rate, "sibling_rate")
+
+    def with_shape(self, shape: TreeSpec) -> Tree:
+        """The model for the drafter's tree family."""
+        bound = copy.copy(self)
+        object.__setattr__(bound, "shape", shape)
+        return bound
+
+    def draft_tree(self, k_cap: int) -> DraftTree:
+        """The drafter's tree at the cap (a pruned beam pruned for this α)."""
+        return self.shape.tree(k_cap, np.array([self.alpha]), self.sibling_rate)
+
+    def survival(self, k_cap: int) -> np.ndarray:
+        """S_1..S_kcap (0 beyond the tree's depth)."""
+        tree = self.draft_tree(k_cap)
+        out = np.zeros(k_cap)
+        if tree.depth:
+            out[: tree.depth] = accepted_survival(tree, np.array([[self.alpha]]), self.sibling_rate)[0]
+        return out
+
+    def check_cap(self, k_cap: int) -> None:
+        """Any draft length is fine."""
+
+    def mean_alpha(self, request_id: int, seed: int) -> float:
+        """The top candidate's α."""
+        return self.alpha
+
+    def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
+        """Survival draws of the tree, the same S for every request."""
+        return _SurvivalRequest(request_rng(seed, request_id), _block_size(output_tokens), self.survival(k_cap))
+
+
 class _RegimeRequest:
     __slots__ = ("_bounds", "_i", "_k_cap", "_ln_alpha", "_log_u", "_phase_alpha", "_rng", "_size", "_taus")
 
@@ -384,49 +429,6 @@ class _RecordedRequest:
             alpha = total / (total + rejections) if total + rejections else 1.0
             tau = self._taus[j] = tokens_per_pass(np.arange(self._k_cap + 1), alpha)
         return tau
-
-
-def _spec_run_counts(path: Path) -> tuple[list[np.ndarray], int] | None:
-    """Accepted counts per sequence and the draft length of a speculative-run file (contract 2);
-    None when `path` is not one."""
-    try:
-        metadata = ipc.open_file(pa.memory_map(str(path), "r")).schema.metadata or {}
-    except (pa.ArrowInvalid, OSError):
-        return None
-    if metadata.get(META_FORMAT_KEY) != SPECRUN_FORMAT.encode():
-        return None
-    try:
-        run = read_spec_run(path)
-    except InputError as exc:
-        raise FieldError("file", str(exc)) from None
-    return [g["accepted"].to_numpy() for g in run.steps.partition_by("seq", maintain_order=True)], run.meta.draft_len
-
-
-def read_accepted_counts(path: Path) -> tuple[list[np.ndarray], int | None]:
-    """Accepted counts per sequence from a file: a speculative run (contract 2, Arrow), a .npy
-    (one sequence), or a CSV/Parquet/Arrow table with an `accepted` column (optional `seq` to
-    split sequences, `drafted` for the draft length)."""
-    if not path.is_file():
-        raise FieldError("file", f"no such file {path}")
-    reader = {".csv": pl.read_csv, ".parquet": pl.read_parquet, ".arrow": pl.read_ipc}.get(path.suffix)
-    if path.suffix != ".npy" and reader is None:
-        raise FieldError("file", f"{path} must be .npy, .csv, .parquet or .arrow")
-    if path.suffix == ".arrow":
-        spec_run = _spec_run_counts(path)
-        if spec_run is not None:
-            return spec_run  # type: ignore[return-value]
-    try:
-        if reader is None:
-            return [np.asarray(np.load(path, allow_pickle=False))], None
-        frame = reader(path)
-    except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
-        raise FieldError("file", f"cannot read {path} ({first_line(exc)})") from None
-    if "accepted" not in frame.columns:
-        raise FieldError("file", f"{path} has no column 'accepted'")
-    drafted = int(frame["drafted"].max()) if "drafted" in frame.columns and frame.height else None  # type: ignore[arg-type]
-    if "seq" in frame.columns:
-        return [g["accepted"].to_numpy() for g in frame.partition_by("seq", maintain_order=True)], drafted
-    return [frame["accepted"].to_numpy()], drafted
 
 
 @ACCEPTANCE_MODELS.register

@@ -13,8 +13,8 @@ raised before anything runs or is written:
     [trace]       path | synth (+ synth_params, tokens, seqs, seed); offset_stride
     [cost]        kind = "table" (target_us, draft_step_us, prefill_us_per_token) | "steptime"; prefill_chunk, moesd_slots
     [target]      model, weight_format, profile, engine, device     (the step-time model's target)
-    [drafter]     kind = "ngram" | "preset" (model) | "eagle" | "fixed" (time_us)
-    [acceptance]  model = "geometric" | "position" | "regime" | "recorded", and its keys
+    [drafter]     kind = "ngram" | "preset" (model) | "eagle" | "fixed" (time_us) | any drafter spec; tree
+    [acceptance]  model = "geometric" | "position" | "regime" | "recorded" | "tree", and its keys
     [policy]      name = "off" | "static" | "oracle" | "cascade", and its keys
     [study]       optional grid: models, batches, [[study.devices]], [study.drafters], [study.workloads.NAME]
                   acceptance tables, [[study.policies]]
@@ -28,53 +28,53 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from moesim.errors import ConfigError, InputError, MoesimError
-from moesim.fields import FieldError, build, build_entry, require
+from moesim.errors import ConfigError, MoesimError
+from moesim.fields import Checked, FieldError, build, build_entry, checked, require
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
+from moesim.machine import check_fits
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, make_drafter
+from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
 from moesim.sim.cost.parallel import Parallelism
 from moesim.sim.cost.steptime import default_engine
+from moesim.sim.cost.tree import TreeSpec, parse_tree
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
-from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel
+from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tree
 from moesim.sim.serving.memory import KVBudget, MemorySection, kv_budget
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import read_toml
 from moesim.tracegen.formats.builtin import resolve_trace
-from moesim.tracegen.routing.synth import make_generator
+from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generator
 
 MODEL_PLACEHOLDER = "{model}"
+MAX_REQUESTS = 1 << 24
 
 
 @dataclass(frozen=True)
-class RunSection:
+class RunSection(Checked):
     """Stop condition, seed, and whether to rerun with speculation off for comparison."""
 
-    seed: int = 0
-    requests: int = 16
-    duration_s: float = 0.0
+    seed: int = checked(0, ge=0, le=MAX_SEED)
+    requests: int = checked(16, ge=0, le=MAX_REQUESTS)
+    duration_s: float = checked(0.0, ge=0.0)
     compare_off: bool = True
 
     def __post_init__(self) -> None:
-        require(self.requests >= 0, "requests", f"must be >= 0, got {self.requests}")
-        require(math.isfinite(self.duration_s) and self.duration_s >= 0, "duration_s", f"must be >= 0, got {self.duration_s}")
         require(self.requests > 0 or self.duration_s > 0, "requests", "give a request count > 0 or a duration_s > 0")
 
 
 @dataclass(frozen=True)
-class Batching:
+class Batching(Checked):
     """Continuous batching up to `max_batch` requests at once; with `chunked_prefill`, prompts are
     prefilled in chunks beside the decode and verify tokens of each pass, under `token_budget`
     tokens per iteration (vLLM v1's max_num_batched_tokens; 2048 is one of Sarathi-Serve's budgets)."""
 
-    max_batch: int = 1
+    max_batch: int = checked(1, ge=1, le=1 << 20)
     chunked_prefill: bool = False
-    token_budget: int = 2048
+    token_budget: int = checked(2048, ge=1, le=1 << 31)
 
     def __post_init__(self) -> None:
-        require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
         require(
             self.token_budget >= self.max_batch,
             "token_budget",
@@ -83,17 +83,16 @@ class Batching:
 
 
 @dataclass(frozen=True)
-class ParallelSection:
+class ParallelSection(Checked):
     """The target over `tensor_parallel` devices of the target's kind, tensor parallel, or with the
     routed experts partitioned over them (`expert_parallel`), joined by `link` (a link profile of
     the device catalog; default: the device's own peer link)."""
 
-    tensor_parallel: int = 1
+    tensor_parallel: int = checked(1, ge=1, le=1 << 16)
     expert_parallel: bool = False
     link: str = ""
 
     def __post_init__(self) -> None:
-        require(self.tensor_parallel >= 1, "tensor_parallel", f"must be >= 1, got {self.tensor_parallel}")
         require(not self.expert_parallel or self.tensor_parallel > 1, "expert_parallel", "needs tensor_parallel > 1 devices")
         if self.link:
             try:
@@ -103,26 +102,23 @@ class ParallelSection:
 
 
 @dataclass(frozen=True)
-class TraceSection:
+class TraceSection(Checked):
     """The routing trace requests decode over: a file (`path`, may contain {model} in a study)
     or one synthesised for the target model (`synth` = a routing generator's name)."""
 
     path: Path | None = None
     synth: str | None = None
     synth_params: dict[str, Any] = field(default_factory=dict)
-    tokens: int = 2048
-    seqs: int = 4
-    seed: int = 0
-    offset_stride: int = 0
+    tokens: int = checked(2048, ge=1, le=MAX_POSITIONS)
+    seqs: int = checked(4, ge=1, le=MAX_POSITIONS)
+    seed: int = checked(0, ge=0, le=MAX_SEED)
+    offset_stride: int = checked(0, ge=0, lt=1 << 32)
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.synth is None):
             raise FieldError("path", "give exactly one of 'path' (a trace file) or 'synth' (a routing generator)")
         if self.path is not None and MODEL_PLACEHOLDER not in str(self.path):
             require(resolve_trace(self.path).is_file(), "path", f"no such trace file {self.path}")
-        require(self.tokens >= 1, "tokens", f"must be >= 1, got {self.tokens}")
-        require(self.seqs >= 1, "seqs", f"must be >= 1, got {self.seqs}")
-        require(self.offset_stride >= 0, "offset_stride", f"must be >= 0, got {self.offset_stride}")
 
     def path_for(self, model: str | None) -> Path | None:
         """The trace file of `model` ({model} replaced)."""
@@ -179,27 +175,48 @@ class TargetSection:
 @dataclass(frozen=True)
 class DrafterSection:
     """The drafter: n-gram / prompt lookup (≈ 0 cost), a dense preset on the same profile, an
-    EAGLE-style head, or a fixed time per drafted token."""
+    EAGLE-style head, or a fixed time per drafted token; `kind` may be any drafter spec as the
+    command line takes it (e.g. "eagle3:32000" or "mtp,topk=2,tokens=6"), and `tree` adds a draft
+    tree ("topk=K,tokens=N" or "paths=[[0],...]") to it."""
 
     kind: str = "ngram"
     model: str | None = None
     time_us: float | None = None
+    tree: str = ""
 
     def __post_init__(self) -> None:
-        require(self.kind in DRAFTERS, "kind", DRAFTERS.unknown(self.kind))
+        try:
+            base, options = split_options(self.kind)
+        except ConfigError as exc:
+            raise FieldError("kind", str(exc)) from None
+        name = base.partition(":")[0]
+        require(name in DRAFTERS, "kind", DRAFTERS.unknown(name))
         if self.kind == "preset":
             require(self.model is not None, "model", "a preset drafter needs a model preset name")
         if self.kind == "fixed":
             t = self.time_us
             require(t is not None and math.isfinite(t) and t >= 0, "time_us", f"a fixed drafter needs time_us >= 0, got {t}")
+        if self.tree:
+            named = sorted({"topk", "tokens", "paths"} & set(options))
+            require(not named, "tree", f"kind '{self.kind}' already names its tree ({', '.join(named)}): give it in one place")
+            try:
+                parse_tree(self.tree)
+            except ConfigError as exc:
+                raise FieldError("tree", str(exc)) from None
 
     def spec(self) -> str:
         """The drafter as `moesim.sim.cost.drafters.make_drafter` names it."""
         if self.kind == "preset":
-            return self.model  # type: ignore[return-value]
-        if self.kind == "fixed":
-            return f"fixed:{self.time_us}"
-        return self.kind
+            base = self.model  # type: ignore[assignment]
+        elif self.kind == "fixed":
+            base = f"fixed:{self.time_us}"
+        else:
+            base = self.kind
+        return f"{base},{self.tree}" if self.tree else base  # type: ignore[return-value]
+
+    def tree_spec(self) -> TreeSpec:
+        """The tree the drafter verifies (the chain by default)."""
+        return drafter_tree(self.spec())
 
 
 @dataclass(frozen=True)
@@ -480,9 +497,10 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         if target.model is None:
             raise ConfigError(f"{source}: key 'target.model' is required to synthesise a trace (trace.synth)")
         try:
-            make_generator(trace.synth, **trace.synth_params)
-        except InputError as exc:
-            raise ConfigError(f"{source}: key 'trace.synth': {exc}") from None
+            make_generator(trace.synth, trace.synth_params)
+        except FieldError as exc:
+            key = f"trace.synth_params.{exc.field}" if exc.field else "trace.synth"
+            raise ConfigError(f"{source}: key '{key}': {exc.detail}") from None
     if cost.kind == "steptime":
         for key in ("model", "profile"):
             if getattr(target, key) is None:
@@ -513,12 +531,62 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
     if cost.kind == "steptime" and trace is None and any(m is not None and load_preset(m).kind == "moe" for m in config.models()):
         raise ConfigError(f"{source}: key 'trace' is required with cost.kind = 'steptime' and a MoE target (the routing the passes replay)")
     _check_target(config, cost.kind == "steptime")
+    config = _with_drafter_tree(config)
     if trace is not None and trace.path is not None and MODEL_PLACEHOLDER in str(trace.path):
         for model in config.models():
             path = trace.path_for(model)
             if model is None or not path.is_file():  # type: ignore[union-attr]
                 raise ConfigError(f"{source}: key 'trace.path': no such trace file {path} (model {model})")
+    _check_size(config)
     return config
+
+
+def _with_drafter_tree(config: SimConfig) -> SimConfig:
+    """A draft tree needs the step-time cost and an acceptance that knows trees: `tree` (given the
+    drafter's tree family here) or a recorded run of a static tree (`paths`)."""
+    tree = config.drafter.tree_spec()
+    for model, drafter in config.study.drafters if config.study else ():
+        if drafter.tree_spec() != tree:
+            raise ConfigError(
+                f"{config.source}: key 'study.drafters.{model}': its draft tree ({drafter.tree_spec().label()}) is not the "
+                f"[drafter]'s ({tree.label()}); a study's drafters verify one tree"
+            )
+    workloads = [("acceptance", config.acceptance)] + [
+        (f"study.workloads.{n}", a) for n, a in (config.study.workloads if config.study else ())
+    ]
+    if not tree.is_chain:
+        if config.cost.kind != "steptime":
+            raise ConfigError(
+                f"{config.source}: key 'drafter.tree': a draft tree needs cost.kind = 'steptime' (the verify width is priced)"
+            )
+        for section, acceptance in workloads:
+            if not isinstance(acceptance, Tree) and (acceptance.name != "recorded" or not tree.paths):
+                raise ConfigError(
+                    f"{config.source}: key '{section}.model': the drafter verifies a tree ({tree.label()}); give model = 'tree' "
+                    "(or 'recorded' for a static tree of paths)"
+                )
+    shaped = {id(a): a.with_shape(tree) for _, a in workloads if isinstance(a, Tree)}
+    if not shaped:
+        return config
+    study = config.study
+    if study is not None:
+        study = dataclasses.replace(study, workloads=tuple((n, shaped.get(id(a), a)) for n, a in study.workloads))
+    return dataclasses.replace(config, acceptance=shaped.get(id(config.acceptance), config.acceptance), study=study)
+
+
+RECORD_BYTES_PER_STEP = 160  # the server's records per request and iteration (Python lists), measured order
+
+
+def _check_size(config: SimConfig) -> None:
+    """Refuse, with the estimate, a run whose records cannot fit memory: at most one step per
+    request and output token (speculation off), for the run and its speculation-off twin."""
+    run = config.run
+    requests = run.requests or (config.arrivals.rate_per_s or 0.0) * run.duration_s
+    tokens = sum(config.workload.outputs) / len(config.workload.outputs)
+    try:
+        check_fits("the simulation's records", 2 * requests * tokens * RECORD_BYTES_PER_STEP)
+    except MoesimError as exc:
+        raise ConfigError(f"{config.source}: key 'run.requests': {requests:.0f} requests of {tokens:.0f} tokens: {exc}") from None
 
 
 def load_config(path: str | Path) -> SimConfig:

@@ -209,7 +209,8 @@ class Lane:
     @classmethod
     def of(cls, server: Any) -> Lane | None:
         """A lane for runs of a fixed draft length, position-independent acceptance draws and a
-        table or one-device trace-driven cost with a drafter that costs nothing; else None."""
+        table or one-device trace-driven cost with a drafter that costs nothing, a chain (no draft
+        tree) and no spec-path terms; else None."""
         controller = server.controller
         if type(controller) is not _Fixed or server.policy.min_draft_steps or not server.workload.outputs:
             return None
@@ -218,7 +219,9 @@ class Lane:
             return None
         cost = server.cost
         if isinstance(cost, TraceBatchCost):
-            if not cost.compiled or cost.model.parallel.ranks > 1 or not cost._drafting.free or server.windows is None:
+            one_device = cost.compiled and cost.model.parallel.ranks == 1 and server.windows is not None
+            plain_chain = not cost.widths and cost.model.profile.speculative is None  # no tree, no spec-path terms
+            if not (one_device and plain_chain and cost._drafting.free):
                 return None
         elif not isinstance(cost, TablePassCost):
             return None

@@ -32,7 +32,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from moesim.atomic import atomic_dir
+from moesim.atomic import output_dir
 from moesim.sim.serving.server import ServerRecord
 
 FORMAT = "moesim.simulate/1"
@@ -208,9 +208,9 @@ def write_arrow(path: Path, table: pa.Table) -> None:
         writer.write_table(table)
 
 
-def write_run(out_dir: Path, tables: dict[str, pa.Table], summary_payload: dict[str, Any]) -> None:
-    """The run's folder: one Arrow file per table and summary.json, all or nothing."""
-    with atomic_dir(out_dir) as staging:
+def write_run(out_dir: Path, tables: dict[str, pa.Table], summary_payload: dict[str, Any], force: bool = False) -> None:
+    """The run's files in `out_dir` (each atomically): one Arrow file per table and summary.json."""
+    with output_dir(out_dir, force) as staging:
         for name, table in tables.items():
             write_arrow(staging / f"{name}.arrow", table)
         (staging / "summary.json").write_text(json_text(summary_payload))

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from moesim.atomic import atomic_dir, check_out_dir
+from moesim.atomic import check_out_dir, output_dir
 from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.fields import FieldError, dump
 from moesim.hw_profiles import load_profile
@@ -23,7 +23,8 @@ from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
 from moesim.sim.cost.steptime import StepTimeModel, default_engine
 from moesim.sim.cost.trace_batch import DenseBatchCost, TraceBatchCost
-from moesim.sim.serving.acceptance import AcceptanceModel
+from moesim.sim.cost.tree import truncated_widths
+from moesim.sim.serving.acceptance import AcceptanceModel, Tree
 from moesim.sim.serving.config import SimConfig, StudyDevice, placement
 from moesim.sim.serving.outputs import iterations_table, requests_table, summary, write_arrow, write_run
 from moesim.sim.serving.policies import Off, Policy
@@ -44,8 +45,10 @@ def load_trace(config: SimConfig, model: str | None) -> Trace | None:
         return None
     if section.synth is not None:
         try:
-            generator = make_generator(section.synth, **section.synth_params)
+            generator = make_generator(section.synth, section.synth_params)
             return synthesize(load_preset(model or ""), generator, section.tokens, section.seqs, section.seed, config.target.weight_format)
+        except FieldError as exc:
+            raise ConfigError(f"{config.source}: key 'trace.synth_params.{exc.field}': {exc.detail}") from None
         except InputError as exc:
             raise ConfigError(f"{config.source}: key 'trace.synth': {exc}") from None
     path = section.path_for(model)
@@ -69,7 +72,7 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
         preset = load_preset(name or "")
         profile = load_profile(target.profile or "")
         step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "", parallel=parallel)
-        drafter = make_drafter(config.drafter.spec(), preset)
+        drafter = make_drafter(config.drafter.spec(), preset, target.weight_format or None)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None
     if preset.kind != "moe":
@@ -80,6 +83,16 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
         raise ConfigError(f"{config.source}: key 'trace': {exc}") from None
 
 
+def tree_widths(config: SimConfig, acceptance: AcceptanceModel, k_cap: int) -> tuple[int, ...]:
+    """Verify widths per draft length 0..k_cap of the drafter's tree (its tree at the cap, cut at
+    depth k; a pruned beam is pruned for the `tree` acceptance's α); empty for a chain."""
+    shape = config.drafter.tree_spec()
+    if shape.is_chain:
+        return ()
+    tree = acceptance.draft_tree(k_cap) if isinstance(acceptance, Tree) else shape.tree(k_cap)
+    return truncated_widths(tree, k_cap)
+
+
 def scheduling(config: SimConfig) -> Scheduling:
     """The config's KV memory, chunked prefill and verify-slot convention, as the server takes them."""
     _, budget = placement(config)
@@ -87,12 +100,12 @@ def scheduling(config: SimConfig) -> Scheduling:
     return Scheduling(budget, batching.chunked_prefill, batching.token_budget, config.cost.moesd_slots)
 
 
-def trace_windows(config: SimConfig, trace: Trace | None, k_cap: int) -> TraceWindows | None:
+def trace_windows(config: SimConfig, trace: Trace | None, k_cap: int, widest: int | None = None) -> TraceWindows | None:
     """Where requests decode in the trace; every sequence must hold the largest verify window."""
     if trace is None or config.trace is None:
         return None
     try:
-        return TraceWindows.from_trace(trace, config.trace.offset_stride, k_cap + 1, trace.meta.geometry.model)
+        return TraceWindows.from_trace(trace, config.trace.offset_stride, widest or k_cap + 1, trace.meta.geometry.model)
     except FieldError as exc:
         key = "path" if config.trace.path is not None else "tokens"
         raise ConfigError(f"{config.source}: key 'trace.{key}': {exc.detail}") from None
@@ -106,7 +119,11 @@ def run_server(
     acceptance: AcceptanceModel,
     progress: Progress | None = None,
 ) -> ServerRecord:
-    """One server run of the config's workload under `policy` and `acceptance`."""
+    """One server run of the config's workload under `policy` and `acceptance` (a draft tree
+    verifies its width: the trace cost is told the widths)."""
+    widths = tree_widths(config, acceptance, policy.k_cap)
+    if widths and isinstance(cost, TraceBatchCost | DenseBatchCost):
+        cost = dataclasses.replace(cost, widths=widths)
     server = Server(
         cost=cost,
         policy=policy,
@@ -117,7 +134,7 @@ def run_server(
         requests=config.run.requests,
         duration_us=config.run.duration_s * 1e6,
         seed=config.run.seed,
-        windows=trace_windows(config, trace, policy.k_cap),
+        windows=trace_windows(config, trace, policy.k_cap, max(widths, default=None)),
         progress=progress,
         scheduling=scheduling(config),
     )
@@ -163,9 +180,9 @@ class SimResult:
         alphas = _alphas(self.config.acceptance, self.record, self.config.run.seed)
         return {"requests": requests_table(self.record, alphas, self.off), "iterations": iterations_table(self.record)}
 
-    def write(self, out_dir: Path) -> None:
+    def write(self, out_dir: Path, force: bool = False) -> None:
         """The per-request and per-iteration Arrow tables and summary.json in `out_dir` (atomically)."""
-        write_run(out_dir, self.tables(), self.summary)
+        write_run(out_dir, self.tables(), self.summary, force)
 
 
 def describe_config(config: SimConfig) -> dict[str, Any]:
@@ -289,9 +306,9 @@ def run_study(config: SimConfig, progress: Progress | None = None) -> pl.DataFra
     return pl.DataFrame(rows)
 
 
-def write_study(out_dir: Path, table: pl.DataFrame) -> None:
-    """study.arrow and study.csv in `out_dir` (atomically)."""
-    with atomic_dir(out_dir) as staging:
+def write_study(out_dir: Path, table: pl.DataFrame, force: bool = False) -> None:
+    """study.arrow and study.csv in `out_dir` (each atomically)."""
+    with output_dir(out_dir, force) as staging:
         write_arrow(staging / "study.arrow", table.to_arrow())
         table.write_csv(staging / "study.csv")
 
@@ -310,14 +327,15 @@ def default_out_dir(config: SimConfig) -> Path:
     return Path(f"{Path(config.source).stem}-sim")
 
 
-def simulate_to(config: SimConfig, out_dir: Path | None = None, progress: Progress | None = None) -> Outcome:
-    """`moesim simulate`: the config's study or run, written to `out_dir` (checked before running)."""
+def simulate_to(config: SimConfig, out_dir: Path | None = None, progress: Progress | None = None, force: bool = False) -> Outcome:
+    """`moesim simulate`: the config's study or run, written to `out_dir` (checked before running;
+    `force`: write into a folder holding files moesim did not write)."""
     out_dir = out_dir if out_dir is not None else default_out_dir(config)
-    check_out_dir(out_dir)
+    check_out_dir(out_dir, force)
     if config.study is not None:
         table = run_study(config, progress)
-        write_study(out_dir, table)
+        write_study(out_dir, table, force)
         return Outcome(out_dir, study=table)
     result = simulate(config, progress)
-    result.write(out_dir)
+    result.write(out_dir, force)
     return Outcome(out_dir, result=result)

@@ -4,7 +4,8 @@ work unit (one model, routing and batch size).
 
 A cell is a `moesim simulate` run built from the sweep's axes: a closed loop of B concurrent
 requests (B = the unit's batch size, also the engine's max batch), the `[simulate]` workload,
-geometric acceptance at the cell's α, the unit's routing trace replayed by the step-time model
+geometric acceptance at the cell's α (a drafter with a draft tree: the `tree` acceptance at that
+top-candidate α, `moesim.sim.serving.acceptance.Tree`), the unit's routing trace replayed by the step-time model
 of the model on the profile with the engine. Each (profile, engine, drafter, α) runs once with
 speculation off, shared by its policies, as `moesim simulate`'s studies do. Rows carry the
 study's figures; the cells' wall time and simulated iterations give the sweep's SimPy rate.
@@ -19,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from moesim.sim.cost.drafters import drafter_tree
 from moesim.sim.serving.config import SimConfig, config_from_dict
 from moesim.sim.serving.outputs import summary
 from moesim.sim.serving.policies import Off
@@ -72,7 +74,7 @@ def cell_config(config: SweepConfig, cell: Cell, policy: dict) -> SimConfig:
             "cost": {"kind": "steptime"},
             "target": target,
             "drafter": drafter_table(cell.drafter),
-            "acceptance": {"model": "geometric", "alpha": cell.alpha},
+            "acceptance": {"model": "geometric" if drafter_tree(cell.drafter).is_chain else "tree", "alpha": cell.alpha},
             "policy": policy,
         },
         f"{config.source}: simulation cell",

@@ -23,35 +23,37 @@ import numpy as np
 
 from moesim import __version__
 from moesim.errors import ConfigError, MoesimError
-from moesim.fields import FieldError, build, require
+from moesim.fields import Checked, FieldError, build, checked, require
 from moesim.hw_profiles import HardwareProfile, load_profile
 from moesim.kernels.windows import MAX_PASS_LIMIT
-from moesim.models import ModelPreset, load_preset
-from moesim.sim.cost.drafters import make_drafter
+from moesim.machine import check_fits
+from moesim.models import ModelPreset, check_weight_format, load_preset
+from moesim.sim.cost.drafters import drafter_tree, make_drafter
 from moesim.sim.cost.steptime import check_engine
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
 from moesim.tomlfile import read_toml
 from moesim.tracegen.formats.builtin import resolve_trace
-from moesim.tracegen.routing.synth import make_generator
+from moesim.tracegen.formats.schema import TraceGeometry
+from moesim.tracegen.routing.synth import MAX_SEED, make_generator, synth_sizes
 
 SWEEP_FORMAT = "moesim.sweep/1"
 MAX_ALPHA_POINTS = 10_000_000
+MAX_BATCH = 1 << 20  # sequences verified together
+MAX_CONTEXT = (1 << 31) - 1  # the `context_tokens` column is int32
 
 
 @dataclass(frozen=True)
-class SweepSection:
+class SweepSection(Checked):
     """How the sweep runs (none of it changes the results)."""
 
     executor: str = "local"
-    workers: int = 0
+    workers: int = checked(0, ge=0, le=1 << 16)  # 0: all cores
     ray_address: str = ""
-    max_batches: int = 64
+    max_batches: int = checked(64, ge=1, le=1 << 20)
 
     def __post_init__(self) -> None:
         require(self.executor in EXECUTORS, "executor", EXECUTORS.unknown(self.executor))
-        require(self.workers >= 0, "workers", f"must be >= 0 (0: all cores), got {self.workers}")
-        require(self.max_batches >= 1, "max_batches", f"must be >= 1, got {self.max_batches}")
 
 
 def _unique(values: tuple[Any, ...], key: str) -> None:
@@ -61,7 +63,7 @@ def _unique(values: tuple[Any, ...], key: str) -> None:
 
 
 @dataclass(frozen=True)
-class Grid:
+class Grid(Checked):
     """The axes of the sweep. k runs over 0..max_draft and n over 1..max_pass (every value: the best
     draft length is an argmax over all k); alpha, batch and context are lists (alpha also
     {start, stop, num}, evenly spaced)."""
@@ -71,20 +73,18 @@ class Grid:
     engines: tuple[str, ...] = ("per_slot",)
     drafters: tuple[str, ...] = ("ngram",)
     alpha: tuple[float, ...] | dict = field(default_factory=lambda: {"start": 0.0, "stop": 1.0, "num": 101})
-    max_draft: int = 16
-    max_pass: int = 32
-    batch: tuple[int, ...] = (1,)
-    context: tuple[int, ...] = (512,)
+    max_draft: int = checked(16, ge=0, le=MAX_PASS_LIMIT - 1)
+    max_pass: int = checked(32, ge=1, le=MAX_PASS_LIMIT)
+    batch: tuple[int, ...] = checked((1,), ge=1, le=MAX_BATCH)
+    context: tuple[int, ...] = checked((512,), ge=0, le=MAX_CONTEXT)
     weight_format: str = ""
     policies: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("models", "profiles", "engines", "drafters", "batch", "context"):
             _unique(getattr(self, key), key)
-        require(0 <= self.max_draft < MAX_PASS_LIMIT, "max_draft", f"must lie in 0..{MAX_PASS_LIMIT - 1}, got {self.max_draft}")
-        require(1 <= self.max_pass <= MAX_PASS_LIMIT, "max_pass", f"must lie in 1..{MAX_PASS_LIMIT}, got {self.max_pass}")
-        require(min(self.batch) >= 1, "batch", f"batch sizes must be >= 1, got {min(self.batch)}")
-        require(min(self.context) >= 0, "context", f"context lengths must be >= 0, got {min(self.context)}")
+        if self.weight_format:
+            object.__setattr__(self, "weight_format", check_weight_format(self.weight_format, "weight_format"))
         self.alphas  # noqa: B018 (validates)
 
     @cached_property
@@ -110,32 +110,28 @@ class Grid:
 
     @property
     def max_tokens(self) -> int:
-        """Largest tokens per sequence in any pass the sweep costs: max(max_pass, max_draft + 1)."""
-        return max(self.max_pass, self.max_draft + 1)
+        """Largest tokens per sequence in any pass the sweep costs: max(max_pass, max_draft + 1, the
+        widest drafter tree's verify width at max_draft)."""
+        return max(self.max_pass, self.max_draft + 1, *(drafter_tree(d).width(self.max_draft) for d in self.drafters))
 
 
 @dataclass(frozen=True)
-class SimulateSection:
+class SimulateSection(Checked):
     """The SimPy cells (one per grid.policies entry): geometric acceptance at each `alpha`, a closed
     loop of B requests (B from grid.batch), `requests` requests of `prompt_tokens` + `output_tokens`."""
 
-    alpha: tuple[float, ...] = (0.6, 0.8, 0.9)
-    requests: int = 16
-    prompt_tokens: int = 128
-    output_tokens: int = 256
-    seed: int = 0
+    alpha: tuple[float, ...] = checked((0.6, 0.8, 0.9), ge=0.0, le=1.0)
+    requests: int = checked(16, ge=1, le=1 << 20)
+    prompt_tokens: int = checked(128, ge=0, le=MAX_CONTEXT)
+    output_tokens: int = checked(256, ge=1, le=MAX_CONTEXT)
+    seed: int = checked(0, ge=0, le=MAX_SEED)
 
     def __post_init__(self) -> None:
         _unique(self.alpha, "alpha")
-        bad = [a for a in self.alpha if not 0.0 <= a <= 1.0]
-        require(not bad, "alpha", f"acceptance rates must lie in [0, 1], got {bad[0] if bad else ''}")
-        require(self.requests >= 1, "requests", f"must be >= 1, got {self.requests}")
-        require(self.prompt_tokens >= 0, "prompt_tokens", f"must be >= 0, got {self.prompt_tokens}")
-        require(self.output_tokens >= 1, "output_tokens", f"must be >= 1, got {self.output_tokens}")
 
 
 @dataclass(frozen=True)
-class Routing:
+class Routing(Checked):
     """Where routing features come from: a synthetic generator (drawn per model: `max(seqs, B)`
     sequences of `tokens` tokens for a batch of B, so batch lanes are different sequences) or a
     recorded trace (a file per model with {model} in its path, or one file applied to the models
@@ -144,9 +140,9 @@ class Routing:
     name: str
     generator: str = ""
     params: dict = field(default_factory=dict)
-    tokens: int = 1024
-    seqs: int = 8
-    seed: int = 0
+    tokens: int = checked(1024, ge=1, le=(1 << 32) - 1)
+    seqs: int = checked(8, ge=1, le=(1 << 32) - 1)
+    seed: int = checked(0, ge=0, le=MAX_SEED)
     trace: Path | None = None
 
     def __post_init__(self) -> None:
@@ -154,13 +150,11 @@ class Routing:
         require(bool(self.generator) != (self.trace is not None), "generator", "give exactly one of 'generator' or 'trace'")
         if self.generator:
             try:
-                make_generator(self.generator, **self.params)
-            except (MoesimError, TypeError) as exc:
-                raise FieldError("params" if self.params else "generator", str(exc)) from None
+                make_generator(self.generator, self.params)
+            except FieldError as exc:
+                raise FieldError(f"params.{exc.field}" if exc.field else "generator", exc.detail) from None
         else:
             require(not self.params, "params", "generator parameters need a 'generator'")
-        require(self.tokens >= 1, "tokens", f"must be >= 1, got {self.tokens}")
-        require(self.seqs >= 1, "seqs", f"must be >= 1, got {self.seqs}")
 
     def trace_for(self, model: str) -> Path | None:
         """The trace file for `model` ({model} replaced), or None for a generator."""
@@ -231,9 +225,13 @@ def _check_names(config: SweepConfig) -> None:
             raise ConfigError(f"{config.key('grid.models')}: model '{name}' has no experts; the sweep needs MoE targets")
         for drafter in config.grid.drafters:
             try:
-                make_drafter(drafter, preset)
+                width = make_drafter(drafter, preset).tree.width(config.grid.max_draft)
             except MoesimError as exc:
                 raise ConfigError(f"{config.key('grid.drafters')}: {exc}") from None
+            if width > MAX_PASS_LIMIT:
+                raise ConfigError(
+                    f"{config.key('grid.drafters')}: drafter '{drafter}' verifies {width} tokens at max_draft, above {MAX_PASS_LIMIT}"
+                )
     for profile in config.profiles.values():
         for engine in config.grid.engines:
             try:
@@ -255,6 +253,28 @@ def _check_routing(config: SweepConfig) -> None:
                 path = routing.trace_for(model)
                 if not resolve_trace(path).is_file():  # type: ignore[arg-type]
                     raise ConfigError(f"{config.key(f'routing[{i}].trace')}: no trace file {path} for model '{model}'")
+
+
+def synthetic_layout(routing: Routing, batch: int, max_tokens: int) -> tuple[int, int]:
+    """(sequences, tokens each) drawn for a batch of B: the routing's seqs × tokens positions in all,
+    as max(seqs, B) equal sequences (batch lanes are different sequences) of at least max_tokens."""
+    seqs = max(routing.seqs, batch)
+    return seqs, max(routing.tokens * routing.seqs // seqs, max_tokens)
+
+
+def _check_sizes(config: SweepConfig) -> None:
+    """Every synthetic trace a unit draws fits this machine's memory (refused with its estimate)."""
+    for i, routing in enumerate(config.routing):
+        if not routing.generator:
+            continue
+        for name, preset in config.presets.items():
+            geometry = TraceGeometry.from_preset(preset, config.grid.weight_format or None)
+            for batch in config.grid.batch:
+                seqs, tokens = synthetic_layout(routing, batch, config.grid.max_tokens)
+                try:
+                    check_fits(f"the routing of {name} at batch {batch}", synth_sizes(geometry, tokens, seqs * tokens, in_memory=True)[0])
+                except MoesimError as exc:
+                    raise ConfigError(f"{config.key(f'routing[{i}]')} with grid.batch: {exc}") from None
 
 
 def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConfig:
@@ -281,6 +301,7 @@ def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConf
     config = SweepConfig(source, sweep, grid, routing, simulate)
     _check_names(config)
     _check_routing(config)
+    _check_sizes(config)
     return config
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -117,6 +118,25 @@ def _assemble(config: SweepConfig, out: Path, files: list[Path]) -> tuple[int, S
     return rows, total
 
 
+def _run_units(
+    config: SweepConfig, runner: Any, units: list[WorkUnit], files: list[Path], todo: list[int], progress: Progress | None
+) -> None:
+    """Compute the units not yet in the partial folder, each written there as it finishes."""
+    done = len(units) - len(todo)
+    if progress:
+        progress(done, len(units))
+    if runner.shares_filesystem:
+        finished = runner.map_unordered(functools.partial(_compute_to_file, config), [(units[i], files[i]) for i in todo])
+    else:
+        finished = runner.map_unordered(functools.partial(compute_unit, config), [units[i] for i in todo])
+    for j, table in finished:
+        if table is not None:
+            _write_unit(files[todo[j]], table)
+        done += 1
+        if progress:
+            progress(done, len(units))
+
+
 def run_sweep(
     config: SweepConfig,
     out: Path,
@@ -140,20 +160,14 @@ def run_sweep(
     todo = [i for i, path in enumerate(files) if not path.is_file()]
     resumed = len(units) - len(todo)
     start = time.perf_counter()
-    done = resumed
-    if progress:
-        progress(done, len(units))
-    if runner.shares_filesystem:
-        finished = runner.map_unordered(functools.partial(_compute_to_file, config), [(units[i], files[i]) for i in todo])
-    else:
-        finished = runner.map_unordered(functools.partial(compute_unit, config), [units[i] for i in todo])
-    for j, table in finished:
-        if table is not None:
-            _write_unit(files[todo[j]], table)
-        done += 1
-        if progress:
-            progress(done, len(units))
-    rows, tally = _assemble(config, out, files)
+    try:
+        _run_units(config, runner, units, files, todo, progress)
+        rows, tally = _assemble(config, out, files)
+    except KeyboardInterrupt:
+        raise  # Ctrl-C or SIGTERM: the finished units stay, a rerun resumes from them
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)  # an error: no partial results left behind
+        raise
     elapsed = time.perf_counter() - start
     shutil.rmtree(folder)
     return SweepSummary(out, len(units), resumed, rows, points_per_unit(config) * len(units), elapsed, config.digest, tally)

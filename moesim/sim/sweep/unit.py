@@ -14,27 +14,22 @@ import pyarrow as pa
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.reuse import group_features
 from moesim.kernels.unions import batch_lanes, batch_windows
-from moesim.sim.analysis.best_draft import corner_costs, draft_costs_us
+from moesim.sim.analysis.best_draft import draft_costs_us
 from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, win_window
 from moesim.sim.analysis.scenario import Scenario, mean_distinct_experts, window_distributions
-from moesim.sim.analysis.speculation import best_draft, speedup_table, tokens_per_pass
+from moesim.sim.analysis.speculation import best_in_table, speedup_table, tokens_per_pass, tokens_per_pass_table
+from moesim.sim.analysis.verdict import SpecCosts, costs_on, pick
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.steptime import BEST, PassCost, StepTimeModel
+from moesim.sim.cost.tree import TreeSpec
 from moesim.sim.sweep.cells import SimulationTally, simulation_rows
-from moesim.sim.sweep.config import Routing, SweepConfig
+from moesim.sim.sweep.config import Routing, SweepConfig, synthetic_layout
 from moesim.sim.sweep.plan import WorkUnit
 from moesim.sim.sweep.schema import POLARS_SCHEMA, SCHEMA, TALLY_KEY
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import make_generator, synthesize
 
 _TRACES: dict[str, Trace] = {}  # per process: the last traces drawn or read
-
-
-def synthetic_layout(routing: Routing, batch: int, max_tokens: int) -> tuple[int, int]:
-    """(sequences, tokens each) drawn for a batch of B: the routing's seqs × tokens positions in all,
-    as max(seqs, B) equal sequences (batch lanes are different sequences) of at least max_tokens."""
-    seqs = max(routing.seqs, batch)
-    return seqs, max(routing.tokens * routing.seqs // seqs, max_tokens)
 
 
 def unit_trace(config: SweepConfig, model: str, routing: Routing, batch: int) -> Trace:
@@ -48,7 +43,7 @@ def unit_trace(config: SweepConfig, model: str, routing: Routing, batch: int) ->
         if path is not None:
             _TRACES[key] = read_trace(path)
         else:
-            generator = make_generator(routing.generator, **routing.params)
+            generator = make_generator(routing.generator, routing.params)
             _TRACES[key] = synthesize(config.presets[model], generator, tokens, seqs, routing.seed, config.grid.weight_format or None)
     return _TRACES[key]
 
@@ -77,17 +72,6 @@ def pass_distributions(
     return distributions, np.asarray(distinct)
 
 
-def _head(cost: PassCost, size: int) -> PassCost:
-    """The first `size` pass sizes of a PassCost."""
-    cut = {f.name: getattr(cost, f.name)[:size] for f in dataclasses.fields(cost) if isinstance(getattr(cost, f.name), np.ndarray)}
-    return dataclasses.replace(
-        cost,
-        **cut,
-        provenance_us={k: np.asarray(v)[:size] for k, v in cost.provenance_us.items()},
-        expert_by_family_us={k: v[:size] for k, v in cost.expert_by_family_us.items()},
-    )
-
-
 def _pass_rows(
     costs: dict[str, PassCost], profile_dedup: tuple[str, ...], share: np.ndarray, distinct: np.ndarray, size: int
 ) -> pl.DataFrame:
@@ -95,7 +79,7 @@ def _pass_rows(
     u(n), and for dedup families r(n) against per_slot and whether dedup wins at n (where the profile
     has a per_slot family: an engine profile of vLLM's fused MoE has none)."""
     n = np.arange(1, size + 1)
-    heads = {engine: _head(cost, size) for engine, cost in costs.items()}
+    heads = {engine: pick(cost, np.arange(size)) for engine, cost in costs.items()}
     per_slot = heads["per_slot"].expert_us if "per_slot" in heads else None
     share, distinct = share[:size], distinct[:size]
     frames = []
@@ -121,24 +105,29 @@ def _pass_rows(
     return pl.concat(frames, how="diagonal_relaxed").with_columns(record=pl.lit("pass"))
 
 
-def _point_rows(alphas: np.ndarray, nominal: np.ndarray, corners: list[np.ndarray], draft: np.ndarray, cost: PassCost) -> pl.DataFrame:
-    """One row per (α, k): τ, C, S at the nominal point and its min..max over the error box's corners,
-    and whether k is the best draft length at α (ties to the larger k)."""
+def _point_rows(alphas: np.ndarray, costs: SpecCosts, tree: TreeSpec) -> pl.DataFrame:
+    """One row per (α, k): τ (of the drafter's tree), C, S at the nominal point and its min..max over
+    the error box's corners, and whether k is the best draft length at α (ties to the larger k)."""
+    nominal, *corners = costs.corners()
     k_count = nominal.size
-    table = speedup_table(alphas, nominal)
-    at_corners = np.stack([speedup_table(alphas, c) for c in corners])
-    k_star, _ = best_draft(alphas, nominal)
+    if tree.is_chain:
+        table, at_corners = speedup_table(alphas, nominal), np.stack([speedup_table(alphas, c) for c in corners])
+        taus = tokens_per_pass(np.arange(k_count)[None, :], alphas[:, None])
+    else:
+        taus = tokens_per_pass_table(alphas, k_count - 1, tree)
+        table, at_corners = taus / nominal, np.stack([taus / c for c in corners])
+    k_star, _ = best_in_table(table)
     k = np.arange(k_count)
-    verify = cost.total_us()
+    cost = costs.verify
     return pl.DataFrame(
         {
             "record": "point",
             "family": np.tile(cost.family, alphas.size),
             "draft_len": np.tile(k, alphas.size),
             "alpha": np.repeat(alphas, k_count),
-            "tokens_per_pass": tokens_per_pass(k[None, :], alphas[:, None]).ravel(),
-            "draft_us": np.tile(draft, alphas.size),
-            "verify_us": np.tile(verify, alphas.size),
+            "tokens_per_pass": taus.ravel(),
+            "draft_us": np.tile(costs.draft_us, alphas.size),
+            "verify_us": np.tile(costs.target_us(), alphas.size),
             "relative_cost": np.tile(nominal, alphas.size),
             "speedup": table.ravel(),
             "speedup_low": at_corners.min(axis=0).ravel(),
@@ -175,14 +164,13 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
             costs = {e: m.expected_pass_cost(distributions, float(unit.batch * context), float(unit.batch)) for e, m in models.items()}
             frames.append(_conform(_pass_rows(costs, profile.dedup_families, share, distinct, grid.max_pass), keys))
             for spec in grid.drafters:
-                scenario = Scenario(models[BEST], trace, make_drafter(spec, preset), context)
+                drafter = make_drafter(spec, preset, weight_format)
+                scenario = Scenario(models[BEST], trace, drafter, context)
                 draft = draft_costs_us(scenario, grid.max_draft, unit.batch)  # the drafter runs on the dense family: any engine
-                uses_dense = scenario.drafter.provenance == "profile"
+                widths = np.array([drafter.tree.width(k) for k in range(k_count)])
                 for engine in grid.engines:
-                    cost = _head(costs[engine], k_count)
-                    nominal, *corners = corner_costs(cost, draft, uses_dense, cost.dense_epsilon)
-                    points = _point_rows(grid.alphas, nominal, corners, draft, cost)
-                    frames.append(_conform(points, {**keys, "engine": engine, "drafter": spec}))
+                    spec_cost = costs_on(profile, drafter, widths, draft, pick(costs[engine], widths - 1), unit.batch)
+                    frames.append(_conform(_point_rows(grid.alphas, spec_cost, drafter.tree), {**keys, "engine": engine, "drafter": spec}))
     tally = SimulationTally()
     if grid.policies:
         cells, tally = simulation_rows(config, unit.model, unit.batch, trace, weight_format)

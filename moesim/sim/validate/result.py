@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from moesim.atomic import atomic_path, check_out_dir
+from moesim.atomic import check_out_dir, output_dir
 from moesim.errors import InputError
 from moesim.filters import apply_filters, parse_filters
 from moesim.hw_profiles.measurements.table import load_measurements
@@ -128,19 +128,17 @@ class Validation:
         ]
         return pl.DataFrame(rows)
 
-    def write(self, out_dir: Path) -> Path:
-        """Write `out_dir`/predictions.parquet (created atomically; the folder is made if missing)."""
-        check_predictions_dir(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "predictions.parquet"
-        with atomic_path(path) as tmp:
-            self.predictions.write_parquet(tmp)
-        return path
+    def write(self, out_dir: Path, force: bool = False) -> Path:
+        """Write `out_dir`/predictions.parquet (atomically; the folder is made if missing)."""
+        check_predictions_dir(out_dir, force)
+        with output_dir(out_dir, force) as staging:
+            self.predictions.write_parquet(staging / "predictions.parquet")
+        return out_dir / "predictions.parquet"
 
 
-def check_predictions_dir(out_dir: Path) -> None:
+def check_predictions_dir(out_dir: Path, force: bool = False) -> None:
     """Fail before any work when `out_dir` cannot hold predictions.parquet."""
-    check_out_dir(out_dir)
+    check_out_dir(out_dir, force)
     if (out_dir / "predictions.parquet").is_dir():
         raise InputError(f"{out_dir / 'predictions.parquet'}: output path is a directory")
 

@@ -4,7 +4,7 @@ An Arrow IPC file, one row per (sequence, position, MoE layer), sorted by (seq, 
 
 | column      | type                                   | meaning                                       |
 |-------------|----------------------------------------|-----------------------------------------------|
-| `seq`       | uint32                                 | sequence (prompt) index, from 0, increasing   |
+| `seq`       | uint32                                 | sequence (prompt) index: 0, 1, 2, ... in order|
 | `pos`       | uint32                                 | position in the sequence, 0, 1, 2, ...        |
 | `layer`     | uint16                                 | the model's own layer index of a MoE layer    |
 | `is_prompt` | bool                                   | prompt token (true) or generated (false)      |
@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from moesim.errors import InputError
-from moesim.models import ExpertShape, ModelPreset, bytes_per_weight
+from moesim.errors import ConfigError, InputError
+from moesim.fields import Checked, build, checked, require
+from moesim.models import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH, ExpertShape, ModelPreset, bytes_per_weight, check_weight_format
 
 TRACE_FORMAT = "routing-trace"
 TRACE_FORMAT_VERSION = 1
@@ -45,22 +48,29 @@ META_GROUPS_KEY = b"moesim.groups"
 
 
 @dataclass(frozen=True)
-class TraceGeometry:
-    """The routing geometry of the traced model (from a preset or from GGUF metadata)."""
+class TraceGeometry(Checked):
+    """The routing geometry of the traced model (from a preset or from GGUF metadata); checked on
+    construction: sizes positive, top_k <= experts <= 65536 (the id type), MoE layers increasing
+    below `layers`, a known weight format, expert bytes finite and >= 0 (0: from the shape)."""
 
     model: str
-    layers: int
-    moe_layers: tuple[int, ...]
-    experts: int
-    top_k: int
-    hidden: int
-    expert_intermediate: int
-    weight_format: str
-    shared_experts: int = 0
-    shared_intermediate: int = 0
-    expert_bytes: float = 0.0
+    layers: int = checked(ge=1, le=MAX_LAYERS)
+    moe_layers: tuple[int, ...] = checked(ge=0, lt=MAX_LAYERS)
+    experts: int = checked(ge=1, le=MAX_EXPERTS)
+    top_k: int = checked(ge=1, le=MAX_EXPERTS)
+    hidden: int = checked(ge=1, le=MAX_WIDTH)
+    expert_intermediate: int = checked(ge=1, le=MAX_WIDTH)
+    weight_format: str = checked()
+    shared_experts: int = checked(0, ge=0, le=MAX_EXPERTS)
+    shared_intermediate: int = checked(0, ge=0, le=MAX_WIDTH)
+    expert_bytes: float = checked(0.0, ge=0.0)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_format", check_weight_format(self.weight_format, "weight_format"))
+        require(self.top_k <= self.experts, "top_k", f"must be <= experts ({self.experts}), got {self.top_k}")
+        layers = list(self.moe_layers)
+        ordered = bool(layers) and layers == sorted(set(layers)) and layers[-1] < self.layers
+        require(ordered, "moe_layers", f"must be increasing indices below layers ({self.layers}), got {_short(layers)}")
         if not self.expert_bytes:
             bytes_ = 3 * self.hidden * self.expert_intermediate * bytes_per_weight(self.weight_format)
             object.__setattr__(self, "expert_bytes", float(bytes_))
@@ -69,8 +79,7 @@ class TraceGeometry:
     def from_preset(cls, preset: ModelPreset, weight_format: str | None = None, purpose: str = "routing") -> TraceGeometry:
         """Geometry of a MoE preset in a weight format (default: the preset's own); a dense preset is
         one line saying what (`purpose`) needs a MoE model."""
-        if preset.kind != "moe":
-            raise InputError(f"model preset '{preset.name}' has no experts; {purpose} needs a MoE model")
+        preset.require_moe(purpose)
         fmt = (weight_format or preset.default_format).upper()
         return cls(
             model=preset.name,
@@ -97,6 +106,10 @@ class TraceGeometry:
         return pa.uint8() if self.experts <= 256 else pa.uint16()
 
 
+def _short(values: list[Any]) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...]"
+
+
 @dataclass(frozen=True)
 class SequenceGroup:
     """A named run of consecutive sequences: `seqs` sequences from `first_seq` (e.g. one task's corpus)."""
@@ -107,7 +120,7 @@ class SequenceGroup:
 
 
 @dataclass(frozen=True)
-class TraceMeta:
+class TraceMeta(Checked):
     """Everything a trace says about itself besides the rows."""
 
     geometry: TraceGeometry
@@ -133,15 +146,7 @@ class TraceMeta:
     @classmethod
     def from_json(cls, text: str, source: str) -> TraceMeta:
         """Parse and check the `moesim.meta` JSON."""
-        try:
-            data = json.loads(text)
-            geometry = data.pop("geometry")
-            geometry["moe_layers"] = tuple(int(i) for i in geometry["moe_layers"])
-            meta = cls(geometry=TraceGeometry(**geometry), **data)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InputError(f"{source}: schema metadata 'moesim.meta' is malformed ({exc.__class__.__name__}: {exc})") from None
-        check_geometry(meta.geometry, source)
-        return meta
+        return meta_from_json(cls, text, source)
 
 
 def groups_of(names: list[str]) -> tuple[SequenceGroup, ...]:
@@ -196,20 +201,25 @@ def check_groups(groups: tuple[SequenceGroup, ...], n_seqs: int | None, source: 
         raise InputError(f"{source}: metadata field 'groups' covers {end} sequences, the trace has {n_seqs}")
 
 
-def check_geometry(geometry: TraceGeometry, source: str) -> None:
-    """Reject a geometry that cannot describe a routing trace."""
-    g = geometry
-    for name in ("layers", "experts", "top_k"):
-        value = getattr(g, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InputError(f"{source}: metadata field 'geometry.{name}' must be a positive integer, got {value!r}")
-    if g.top_k > g.experts:
-        raise InputError(f"{source}: metadata field 'geometry.top_k' ({g.top_k}) exceeds experts ({g.experts})")
-    if g.experts > 65536:
-        raise InputError(f"{source}: metadata field 'geometry.experts' ({g.experts}) exceeds 65536")
-    layers = list(g.moe_layers)
-    if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] >= g.layers:
-        raise InputError(f"{source}: metadata field 'geometry.moe_layers' must be increasing indices below {g.layers}")
+def meta_from_json(cls: type, text: str, source: str, prepare: Callable[[Any], Any] | None = None) -> Any:
+    """A file's `moesim.meta` JSON through the schema layer (`prepare`: applied to the parsed JSON
+    first): one line naming the file and the metadata key."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{source}: schema metadata 'moesim.meta' is not valid JSON ({exc.__class__.__name__})") from None
+    try:
+        return build(cls, prepare(data) if prepare else data, "", source, Path("."), noun="metadata key")
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+
+
+def checked_geometry(source: object, **values: Any) -> TraceGeometry:
+    """A geometry from values read elsewhere (a GGUF file's keys and tensors): one line naming the file."""
+    try:
+        return build(TraceGeometry, values, "", str(source), Path("."), noun="geometry key")
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
 
 
 def trace_schema(meta: TraceMeta, with_weights: bool, with_tokens: bool) -> pa.Schema:

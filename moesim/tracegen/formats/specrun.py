@@ -45,9 +45,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from moesim.atomic import check_writable
+from moesim.atomic import atomic_path, check_writable
 from moesim.errors import InputError, first_line
-from moesim.tracegen.formats.schema import META_FORMAT_KEY, META_JSON_KEY, META_VERSION_KEY, TraceGeometry, check_geometry
+from moesim.fields import Checked, FieldError, checked
+from moesim.tracegen.formats.schema import META_FORMAT_KEY, META_JSON_KEY, META_VERSION_KEY, TraceGeometry, meta_from_json
 from moesim.tracegen.formats.trace import open_ipc_file
 
 SPECRUN_FORMAT = "speculative-run"
@@ -55,14 +56,16 @@ SPECRUN_FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
-class SequenceInfo:
+class SequenceInfo(Checked):
     """Per-sequence facts of a speculative run."""
 
-    prompt_tokens: int
-    prefill_us: float
-    generated_tokens: int
-    plain_decode_us: float = float("nan")  # mean one-token target decode, plain greedy decoding (baseline T(1))
-    plain_match_tokens: int = -1  # generated tokens equal to plain greedy decoding's, from the start (-1: not run)
+    prompt_tokens: int = checked(ge=0, lt=1 << 32)  # positions are uint32
+    prefill_us: float = checked(ge=0.0)
+    generated_tokens: int = checked(ge=0, lt=1 << 32)
+    # mean one-token target decode, plain greedy decoding (baseline T(1)); NaN (null in the file): not run
+    plain_decode_us: float = checked(float("nan"), ge=0.0, finite=False)
+    # generated tokens equal to plain greedy decoding's, from the start (-1: not run)
+    plain_match_tokens: int = checked(-1, ge=-1, lt=1 << 32)
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -70,17 +73,17 @@ def _finite_or_none(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class SpecRunMeta:
+class SpecRunMeta(Checked):
     """Everything a speculative run says about itself besides the rows."""
 
     geometry: TraceGeometry
     draft_model: str
-    draft_len: int
+    draft_len: int = checked(ge=1, lt=1 << 16)  # the `drafted` column is uint16
     engine: str = "unknown"
     engine_version: str = ""
     backend: str = "unknown"
     prompts: str = ""
-    n_threads: int = 0
+    n_threads: int = checked(0, ge=0, lt=1 << 31)
     timing: str = ""
     sequences: tuple[SequenceInfo, ...] = ()
     format_version: int = SPECRUN_FORMAT_VERSION
@@ -93,17 +96,16 @@ class SpecRunMeta:
 
     @classmethod
     def from_json(cls, text: str, source: str) -> SpecRunMeta:
-        """Parse and check the `moesim.meta` JSON."""
-        try:
-            data = json.loads(text)
-            geometry = data.pop("geometry")
-            geometry["moe_layers"] = tuple(int(i) for i in geometry["moe_layers"])
-            sequences = tuple(SequenceInfo(**{k: (float("nan") if v is None else v) for k, v in s.items()}) for s in data.pop("sequences"))
-            meta = cls(geometry=TraceGeometry(**geometry), sequences=sequences, **data)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InputError(f"{source}: schema metadata 'moesim.meta' is malformed ({exc.__class__.__name__}: {exc})") from None
-        check_geometry(meta.geometry, source)
-        return meta
+        """Parse and check the `moesim.meta` JSON (a null sequence time: not measured, NaN)."""
+        return meta_from_json(cls, text, source, _nulls_to_nan)
+
+
+def _nulls_to_nan(data: Any) -> Any:
+    """to_json writes a time not measured (NaN) as null; read it back as NaN."""
+    if isinstance(data, dict) and isinstance(data.get("sequences"), list):
+        nan = float("nan")
+        data["sequences"] = [{k: nan if v is None else v for k, v in s.items()} if isinstance(s, dict) else s for s in data["sequences"]]
+    return data
 
 
 def specrun_schema(meta: SpecRunMeta, with_weights: bool) -> pa.Schema:
@@ -215,16 +217,10 @@ class SpecRunWriter:
             return
         meta = dataclasses.replace(self.meta, sequences=tuple(info for _, _, info in self._done))
         schema = specrun_schema(meta, self.with_weights)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
-        try:
-            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema) as writer:
-                for seq, steps, _ in self._done:
-                    if steps:
-                        writer.write_batch(_steps_to_batch(schema, meta, seq, steps))
-            os.replace(tmp, self.path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        with atomic_path(self.path) as tmp, pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema) as writer:
+            for seq, steps, _ in self._done:
+                if steps:
+                    writer.write_batch(_steps_to_batch(schema, meta, seq, steps))
 
 
 def _steps_to_batch(schema: pa.Schema, meta: SpecRunMeta, seq: int, steps: list[VerifyStep]) -> pa.RecordBatch:
@@ -451,3 +447,46 @@ def spec_run_summary(run: SpecRun) -> dict[str, Any]:
         "plain_decode_us": plain_us,
         "speedup": plain_us / spec_us_per_token,
     }
+
+
+def _spec_run_counts(path: Path) -> tuple[list[np.ndarray], int] | None:
+    """Accepted counts per sequence and the draft length of a speculative-run file (contract 2);
+    None when `path` is not one."""
+    try:
+        metadata = ipc.open_file(pa.memory_map(str(path), "r")).schema.metadata or {}
+    except (pa.ArrowInvalid, OSError):
+        return None
+    if metadata.get(META_FORMAT_KEY) != SPECRUN_FORMAT.encode():
+        return None
+    try:
+        run = read_spec_run(path)
+    except InputError as exc:
+        raise FieldError("file", str(exc)) from None
+    return [g["accepted"].to_numpy() for g in run.steps.partition_by("seq", maintain_order=True)], run.meta.draft_len
+
+
+def read_accepted_counts(path: Path) -> tuple[list[np.ndarray], int | None]:
+    """Accepted counts per sequence from a file: a speculative run (contract 2, Arrow), a .npy
+    (one sequence), or a CSV/Parquet/Arrow table with an `accepted` column (optional `seq` to
+    split sequences, `drafted` for the draft length)."""
+    if not path.is_file():
+        raise FieldError("file", f"no such file {path}")
+    reader = {".csv": pl.read_csv, ".parquet": pl.read_parquet, ".arrow": pl.read_ipc}.get(path.suffix)
+    if path.suffix != ".npy" and reader is None:
+        raise FieldError("file", f"{path} must be .npy, .csv, .parquet or .arrow")
+    if path.suffix == ".arrow":
+        spec_run = _spec_run_counts(path)
+        if spec_run is not None:
+            return spec_run  # type: ignore[return-value]
+    try:
+        if reader is None:
+            return [np.asarray(np.load(path, allow_pickle=False))], None
+        frame = reader(path)
+    except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
+        raise FieldError("file", f"cannot read {path} ({first_line(exc)})") from None
+    if "accepted" not in frame.columns:
+        raise FieldError("file", f"{path} has no column 'accepted'")
+    drafted = int(frame["drafted"].max()) if "drafted" in frame.columns and frame.height else None  # type: ignore[arg-type]
+    if "seq" in frame.columns:
+        return [g["accepted"].to_numpy() for g in frame.partition_by("seq", maintain_order=True)], drafted
+    return [frame["accepted"].to_numpy()], drafted

@@ -16,13 +16,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from moesim.atomic import check_writable
+from moesim.atomic import check_writable, protect, temporary_path
 from moesim.errors import InputError, first_line
 from moesim.tracegen.formats.builtin import BUILTIN_TRACES, resolve_trace
 from moesim.tracegen.formats.schema import TraceMeta, check_groups, meta_from_schema, trace_schema
 
 DEFAULT_BATCH_ROWS = 1 << 16
 COMPRESSION_LEVELS = {"zstd": 19}  # Arrow IPC buffer codecs a writer may use, at this level; readers decompress transparently
+MAX_BATCH_ROWS = 1 << 22  # no record batch is larger: every reader streams a file batch by batch
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,12 @@ class Trace:
 class TraceWriter:
     """Streams positions into a trace file; the file appears only when the writer closes cleanly.
 
-    Use as a context manager. `append` takes whole positions (all MoE layers of each). On an
-    exception the temporary file is removed, unless `keep_on_error` is set, in which case the
-    sequences completed so far (`end_sequence`) are kept as a valid trace. `compression` (a key
-    of `COMPRESSION_LEVELS`, or None) compresses the record batches' buffers.
+    Use as a context manager. `append` takes whole positions (all MoE layers of each). Completed
+    sequences are written in record batches of at least `batch_rows` rows (whole sequences) and
+    at most MAX_BATCH_ROWS (a long sequence is split). On an exception the temporary file is
+    removed, unless `keep_on_error` is set, in which case the sequences completed so far
+    (`end_sequence`) are kept as a valid trace. `compression` (a key of `COMPRESSION_LEVELS`, or
+    None) compresses the record batches' buffers.
     """
 
     def __init__(
@@ -90,8 +93,9 @@ class TraceWriter:
         self.with_weights = with_weights
         self.with_tokens = with_tokens
         self.batch_positions = max(1, batch_rows // len(meta.geometry.moe_layers))
+        self.max_batch_positions = max(self.batch_positions, MAX_BATCH_ROWS // len(meta.geometry.moe_layers))
         self.keep_on_error = keep_on_error
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
+        self._tmp: Path | None = None
         self._sink: pa.OSFile | None = None
         self._writer: ipc.RecordBatchFileWriter | None = None
         self._pending: list[tuple[np.ndarray, ...]] = []
@@ -101,6 +105,7 @@ class TraceWriter:
         self.positions_written = 0
 
     def __enter__(self) -> TraceWriter:
+        self._tmp = temporary_path(self.path)
         self._sink = pa.OSFile(str(self._tmp), "wb")
         self._writer = ipc.new_file(self._sink, self.schema, options=self.options)
         return self
@@ -121,10 +126,10 @@ class TraceWriter:
         if experts.shape[1:] != (len(g.moe_layers), g.top_k):
             raise InputError(f"{self.path}: appended experts have shape {experts.shape[1:]}, expected {(len(g.moe_layers), g.top_k)}")
         continues = self._last is not None and (seq, start_pos) == (self._last[0], self._last[1] + 1)
-        starts_new = start_pos == 0 and (self._last is None or seq > self._last[0])
+        starts_new = start_pos == 0 and seq == (0 if self._last is None else self._last[0] + 1)
         if not (continues or starts_new):
             raise InputError(
-                f"{self.path}: positions must be appended in order, each sequence from position 0 "
+                f"{self.path}: positions must be appended in order, sequences numbered 0, 1, 2, ..., each from position 0 "
                 f"(got seq {seq} pos {start_pos} after {self._last})"
             )
         if starts_new and self._last is not None:
@@ -155,11 +160,14 @@ class TraceWriter:
             self._flush()
 
     def _flush(self) -> None:
+        """Write the pending positions: one batch, or slices of max_batch_positions when more."""
         if not self._pending or self._writer is None:
             return
-        cols = [np.concatenate([p[i] for p in self._pending]) if self._pending[0][i] is not None else None for i in range(6)]
-        self._writer.write_batch(positions_to_batch(self.schema, self.meta, *cols))
-        self.positions_written += cols[0].shape[0]
+        step = self.max_batch_positions
+        for start in range(0, self._pending_positions, step):
+            cols = [_gather([p[i] for p in self._pending], start, start + step) for i in range(6)]
+            self._writer.write_batch(positions_to_batch(self.schema, self.meta, *cols))  # type: ignore[arg-type]
+            self.positions_written += cols[0].shape[0]  # type: ignore[union-attr]
         self._pending, self._pending_positions = [], 0
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -173,10 +181,25 @@ class TraceWriter:
             if self._sink is not None:
                 self._sink.close()
             if exc_type is None or (self.keep_on_error and self.positions_written):
-                os.replace(self._tmp, self.path)
+                check_writable(self.path)  # still not an input, still writable
+                os.replace(self._tmp, self.path)  # type: ignore[arg-type]
         finally:
-            if self._tmp.exists():
+            if self._tmp is not None and self._tmp.exists():
                 self._tmp.unlink()
+
+
+def _gather(parts: list[np.ndarray | None], start: int, stop: int) -> np.ndarray | None:
+    """Rows start..stop of the concatenation of `parts`, copying only those rows."""
+    if parts[0] is None:
+        return None
+    pieces, offset = [], 0
+    for part in parts:
+        n = part.shape[0]  # type: ignore[union-attr]
+        lo, hi = max(start - offset, 0), min(stop - offset, n)
+        if lo < hi:
+            pieces.append(part[lo:hi])  # type: ignore[index]
+        offset += n
+    return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
 
 def positions_to_batch(
@@ -233,6 +256,7 @@ def open_ipc_file(path: Path, what: str = "trace") -> ipc.RecordBatchFileReader:
     if not path.is_file():
         hint = f" (built-in traces: {', '.join(BUILTIN_TRACES)})" if what == "trace" else ""
         raise InputError(f"{path}: no such {what} file{hint}")
+    protect(path)
     try:
         reader = ipc.open_file(pa.memory_map(str(path), "r"))
         _ = reader.schema.names, reader.schema.metadata  # field names and metadata decode (a corrupt file may not)
@@ -327,13 +351,18 @@ def _validate_rows(rows: _Rows, meta: TraceMeta, prev: tuple[int, int] | None, s
     pos = rows.pos[::n_layers].astype(np.int64)
     prev_seq = np.concatenate([[prev[0] if prev else -1], seq[:-1]])
     prev_pos = np.concatenate([[prev[1] if prev else -1], pos[:-1]])
-    ok = np.where(seq == prev_seq, pos == prev_pos + 1, (seq > prev_seq) & (pos == 0))
-    bad = np.flatnonzero(~ok)
+    new_seq = (seq == prev_seq + 1) & (pos == 0)
+    bad = np.flatnonzero(~np.where(seq == prev_seq, pos == prev_pos + 1, new_seq))
     if bad.size:
-        i = int(bad[0]) * n_layers
+        i, b = int(bad[0]) * n_layers, int(bad[0])
+        if seq[b] != prev_seq[b] and seq[b] != prev_seq[b] + 1:
+            raise InputError(
+                f"{source}: {_row_label(rows, i)}: field 'seq' is {seq[b]}, expected {prev_seq[b] + 1} "
+                "(sequences are numbered 0, 1, 2, ... in order)"
+            )
         raise InputError(
             f"{source}: {_row_label(rows, i)}: field 'pos': rows are not sorted by (seq, pos, layer) with positions contiguous from 0 "
-            f"(previous position: seq {prev_seq[bad[0]]}, pos {prev_pos[bad[0]]})"
+            f"(previous position: seq {prev_seq[b]}, pos {prev_pos[b]})"
         )
     # ids in range, no repeated expert in one token's top-k
     experts = rows.experts

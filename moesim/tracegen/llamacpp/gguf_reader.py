@@ -28,7 +28,7 @@ from typing import Any
 from moesim.errors import InputError, MoesimError
 from moesim.fields import option_name
 from moesim.models import WEIGHT_FORMATS, bytes_per_weight
-from moesim.tracegen.formats.schema import TraceGeometry, check_geometry
+from moesim.tracegen.formats.schema import TraceGeometry, checked_geometry
 from moesim.tracegen.llamacpp.gguf_builder import SPEC_KEY, TinyModelSpec, build_draft_model, build_tiny_model
 
 _EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
@@ -121,7 +121,8 @@ def read_gguf_info(path: str | Path) -> GGUFModelInfo:
     if not shared_experts:
         shared = [t for n, t in tensors.items() if _SHARED_TENSOR.match(n)]
         shared_intermediate = int(shared[0].shape[0]) if shared else 0
-    geometry = TraceGeometry(
+    geometry = checked_geometry(
+        path,
         model=str(name),
         layers=layers,
         moe_layers=moe_layers,
@@ -134,7 +135,6 @@ def read_gguf_info(path: str | Path) -> GGUFModelInfo:
         shared_intermediate=shared_intermediate,
         expert_bytes=total_bytes / experts,
     )
-    check_geometry(geometry, str(path))
     tiny_spec = _tiny_spec(reader)
     context_length = _int_key(reader, path, f"{arch}.context_length", required=False)
     return GGUFModelInfo(path, arch, str(name), geometry, tuple(types), context_length, tiny_spec)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.atomic import check_writable
-from moesim.errors import InputError
+from moesim.errors import InputError, interrupt_code
 from moesim.fields import option
 from moesim.tracegen.formats.schema import TraceMeta
 from moesim.tracegen.formats.trace import TraceWriter
@@ -87,7 +87,7 @@ class RecordResult:
     positions: int
     generated: int
     seconds: float
-    interrupted: bool
+    interrupted: int  # 0, or the exit code of the signal that stopped it (130 Ctrl-C, 143 SIGTERM)
 
     @property
     def tokens_per_s(self) -> float:
@@ -218,8 +218,8 @@ def _record(
                 generated += run.tokens.shape[0] - run.n_prompt
                 if progress is not None:
                     progress(done, len(token_lists), positions)
-        interrupted = False
-    except KeyboardInterrupt:
-        interrupted = True
+        interrupted = 0
+    except KeyboardInterrupt as exc:
+        interrupted = interrupt_code(exc)
     kept = out_path if writer is not None and writer.positions_written else None
     return RecordResult(kept, done, len(token_lists), positions, generated, time.perf_counter() - started, interrupted)

@@ -30,7 +30,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from moesim.errors import InputError, MoesimError
+from moesim.errors import InputError, MoesimError, Terminated
 from moesim.machine import usable_cpus
 
 ENGINE = "llama.cpp"
@@ -327,33 +327,34 @@ class LlamaContext(Closing):
 
 
 class DeferredInterrupt:
-    """Ctrl-C sets a flag checked between decodes (a signal must not land inside a C callback);
-    a second Ctrl-C interrupts at once."""
+    """Ctrl-C (SIGINT) or SIGTERM sets a flag checked between decodes (a signal must not land
+    inside a C callback); a second one interrupts at once."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self.requested: int | None = None
 
     def check(self) -> None:
-        """Raise KeyboardInterrupt if Ctrl-C was pressed."""
-        if self.requested:
-            raise KeyboardInterrupt
+        """Raise KeyboardInterrupt (Terminated for SIGTERM) if a signal arrived."""
+        if self.requested is not None:
+            raise Terminated if self.requested == signal.SIGTERM else KeyboardInterrupt
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+        if self.requested is not None:
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        self.requested = signum
 
 
 @contextlib.contextmanager
 def deferred_interrupt() -> Iterator[DeferredInterrupt]:
-    """Install the deferring SIGINT handler (main thread only) for the block."""
+    """Install the deferring SIGINT and SIGTERM handlers (main thread only) for the block."""
     guard = DeferredInterrupt()
     try:
-        previous = signal.signal(signal.SIGINT, guard._handler)
+        previous = {s: signal.signal(s, guard._handler) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread: leave signals alone
         yield guard
         return
     try:
         yield guard
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.atomic import check_writable
-from moesim.errors import InputError
+from moesim.errors import InputError, interrupt_code
 from moesim.fields import option
 from moesim.machine import usable_cpus
 from moesim.tracegen.formats.specrun import SequenceInfo, SpecRunMeta, SpecRunWriter, VerifyStep
@@ -94,7 +94,7 @@ class SpeculateResult:
     steps: int
     accepted_mean: float
     seconds: float
-    interrupted: bool
+    interrupted: int  # 0, or the exit code of the signal that stopped it (130 Ctrl-C, 143 SIGTERM)
 
 
 def default_run_path(target: Path, draft_len: int) -> Path:
@@ -256,9 +256,9 @@ def speculative_run(
                     accepted += sum(s.accepted for s in result.steps)
                     if progress is not None:
                         progress(writer.sequences_done, len(token_lists), steps)
-            interrupted = False
-        except KeyboardInterrupt:
-            interrupted = True
+            interrupted = 0
+        except KeyboardInterrupt as exc:
+            interrupted = interrupt_code(exc)
     done = writer.sequences_done
     return SpeculateResult(
         out_path if done else None,

@@ -394,6 +394,8 @@ def fit_generator(
         raise InputError(f"routing generator '{family}' cannot be fitted (fittable: {', '.join(FAMILIES)})")
     spec = FAMILIES[family]
     g = trace.meta.geometry
+    if max_positions < 1:
+        raise InputError(f"fitting needs max_positions (--max-positions) >= 1, got {max_positions}")
     experts, starts = _clip_source(trace, max_positions)
     several = len(starts) > 2
     pairs = spec.pairs(starts, several)

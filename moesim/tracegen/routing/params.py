@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from moesim.atomic import write_text_atomic
 from moesim.errors import InputError
+from moesim.fields import Checked, FieldError, build, checked
 from moesim.tomlfile import read_toml
 from moesim.tracegen.formats.builtin import builtin_data_dir, resolve_trace
 from moesim.tracegen.formats.schema import TraceGeometry
@@ -110,29 +112,39 @@ def _interpolate(value: Any, n_layers: int) -> Any:
     return tuple(np.interp(depth_to, depth_from, values).tolist())
 
 
+@dataclass(frozen=True)
+class ParamsFile(Checked):
+    """A parameter file as `write_fit` writes it (`source` and `fit` are informational)."""
+
+    format: str = checked(choices=(PARAMS_FORMAT,))
+    format_version: int = checked(choices=(PARAMS_FORMAT_VERSION,))
+    generator: str = checked(choices=tuple(GENERATORS))
+    params: dict[str, Any]
+    source: dict[str, Any] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+
+
 def load_params(path: str | Path, geometry: TraceGeometry) -> RoutingGenerator:
     """A generator from a parameter file (or a built-in one by name), its per-layer values mapped onto the geometry's MoE layers."""
     path = resolve_params(path)
     if not path.is_file():
         raise InputError(f"{path}: no such parameter file (built-in: {', '.join(BUILTIN_PARAMS)})")
-    data = read_toml(path, "parameter")
-    if data.get("format") != PARAMS_FORMAT:
-        raise InputError(f"{path}: key 'format' is {data.get('format')!r}, expected {PARAMS_FORMAT!r}")
-    if data.get("format_version") != PARAMS_FORMAT_VERSION:
-        raise InputError(f"{path}: key 'format_version' is {data.get('format_version')!r}, this moesim reads {PARAMS_FORMAT_VERSION}")
-    name = data.get("generator")
-    if name not in GENERATORS:
-        raise InputError(f"{path}: key 'generator': {GENERATORS.unknown(name)}")
-    params = data.get("params", {})
-    if not isinstance(params, dict):
-        raise InputError(f"{path}: key 'params' must be a table")
-    for key, value in params.items():
-        if isinstance(value, list) and (not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-            raise InputError(f"{path}: key 'params.{key}' must be a number or a non-empty list of numbers")
+    data = build(ParamsFile, read_toml(path, "parameter"), "", str(path), path.parent)
     n_layers = len(geometry.moe_layers)
+    for key, value in data.params.items():
+        if isinstance(value, list) and not value:
+            raise InputError(f"{path}: key 'params.{key}': must be a number or a non-empty list of numbers, got []")
     try:
-        generator = make_generator(name, **{k: _interpolate(v, n_layers) for k, v in params.items()})
+        generator = make_generator(data.generator, {k: _interpolate(v, n_layers) if _numbers(v) else v for k, v in data.params.items()})
+    except FieldError as exc:
+        raise InputError(f"{path}: key 'params.{exc.field}': {exc.detail}") from None
+    try:
         generator.generate(geometry, 2, 1, 0)  # checks every parameter against the geometry
-    except (InputError, TypeError) as exc:
+    except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
     return generator
+
+
+def _numbers(value: Any) -> bool:
+    items = value if isinstance(value, list) else [value]
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in items)

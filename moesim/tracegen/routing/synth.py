@@ -1,27 +1,39 @@
 """Synthetic routing generators (a registry) and the trace synthesiser.
 
 A generator draws, for every sequence and MoE layer, the top-k expert sets of consecutive
-tokens. Adding one is adding one class with `@GENERATORS.register`: a frozen dataclass with a
-`name`, a `generate_layout(geometry, seq_starts, seed)` method returning ids of shape
-(positions, moe_layers, top_k) for sequences of any lengths, and `generate(geometry, tokens,
-seqs, seed)`, the same for `seqs` sequences of `tokens` positions.
+tokens. Adding one is adding one class with `@GENERATORS.register`: a frozen `Checked` dataclass
+(its fields are its parameters, with their bounds) with a `name` and a `filler(geometry, seed)`
+returning the function that fills the ids of a group of whole sequences for a range of layers
+(its Numba kernel in `draws`, drawing from the generator seeded once per trace); `generate`,
+`generate_layout` and `iter_groups` (groups of whole sequences, for traces larger than memory)
+come from `Drawn`. Seeds lie in 0..MAX_SEED (Numba's generator takes 32 bits: larger seeds
+would repeat smaller ones).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
-import numba
 import numpy as np
 
 from moesim.errors import InputError
+from moesim.fields import Checked, FieldError, checked, construct
+from moesim.machine import check_fits
 from moesim.models import ModelPreset
 from moesim.registry import Registry
 from moesim.tracegen.formats.schema import TraceGeometry, TraceMeta
-from moesim.tracegen.formats.trace import Trace
+from moesim.tracegen.formats.trace import MAX_BATCH_ROWS, Trace, TraceWriter
+from moesim.tracegen.routing import draws
+
+Progress = Callable[[int, int], None]  # (positions done, positions in all)
+Fill = Callable[[np.ndarray, int, int, np.ndarray], None]  # (sequence starts, first layer, end layer, ids out)
+MAX_SEED = (1 << 32) - 1
+MAX_POSITIONS = (1 << 32) - 1  # `seq` and `pos` are uint32
+GROUP_POSITIONS = 1 << 20  # positions generated (and held) at a time when streaming to a file
 
 
 class RoutingGenerator(Protocol):
@@ -37,146 +49,75 @@ class RoutingGenerator(Protocol):
         """The same for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
         ...
 
+    def iter_groups(
+        self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int, max_positions: int = ..., progress: Progress | None = None
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(first sequence, end sequence, ids) of consecutive groups of whole sequences."""
+        ...
+
 
 GENERATORS: Registry[RoutingGenerator] = Registry("routing generator", InputError)
 
 
-MAX_MISSES = 64  # rejected draws of already chosen experts before drawing exactly among the rest
+class Drawn:
+    """What a generator with a `filler` (its Numba kernel, prepared for a geometry and seed) gets."""
 
+    def filler(self, geometry: TraceGeometry, seed: int) -> Fill:
+        """The kernel filling ids of a group of sequences for a range of layers, parameters checked."""
+        raise NotImplementedError
 
-@numba.njit(cache=True)
-def _draw_unchosen(log_mass: np.ndarray, chosen: np.ndarray) -> int:
-    """One expert among the unchosen, in proportion to its mass (kept as logs: no underflow)."""
-    n_experts = log_mass.shape[0]
-    top = -np.inf
-    for e in range(n_experts):
-        if not chosen[e] and log_mass[e] > top:
-            top = log_mass[e]
-    total = 0.0
-    for e in range(n_experts):
-        if not chosen[e] and log_mass[e] > -np.inf:
-            total += np.exp(log_mass[e] - top)
-    r = np.random.random() * total
-    last = -1
-    for e in range(n_experts):
-        if not chosen[e] and log_mass[e] > -np.inf:
-            r -= np.exp(log_mass[e] - top)
-            last = e
-            if r < 0.0:
-                return e
-    if last >= 0:
-        return last
-    for e in range(n_experts):  # no expert left with mass: the first free one
-        if not chosen[e]:
-            return e
-    return n_experts - 1
+    def iter_groups(
+        self,
+        geometry: TraceGeometry,
+        seq_starts: np.ndarray,
+        seed: int,
+        max_positions: int = GROUP_POSITIONS,
+        progress: Progress | None = None,
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(first sequence, end sequence, ids of their positions) for consecutive groups of whole
+        sequences of at most `max_positions` positions (or one longer sequence, a few layers at a
+        time), in the smallest id type: the same ids as one call. `progress(done, total)` after each."""
+        fill = self.filler(geometry, seed)
+        starts = np.asarray(seq_starts, np.int64)
+        n_layers, total = len(geometry.moe_layers), int(starts[-1])
+        dtype = geometry.expert_id_type.to_pandas_dtype()
+        draws.seed(seed)
+        first = 0
+        while first < starts.shape[0] - 1:
+            end = max(first + 1, int(np.searchsorted(starts, starts[first] + max_positions, side="right")) - 1)
+            local = starts[first : end + 1] - starts[first]
+            ids = np.empty((int(local[-1]), n_layers, geometry.top_k), dtype)
+            step = n_layers if end > first + 1 else max(1, (n_layers * max_positions) // max(1, int(local[-1])))
+            for lo in range(0, n_layers, step):
+                hi = min(n_layers, lo + step)
+                fill(local, lo, hi, ids)
+                if progress is not None:
+                    progress(int(starts[first]) + int(local[-1]) * hi // n_layers, total)
+            yield first, end, ids
+            first = end
 
+    def generate_layout(self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int) -> np.ndarray:
+        """Ids for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
+        ((_, _, ids),) = self.iter_groups(geometry, seq_starts, seed, max_positions=max(1, int(seq_starts[-1])))
+        return ids
 
-@numba.njit(cache=True)
-def _sequence_popularity(cum: np.ndarray, dispersion: float, log_mass: np.ndarray, cum_seq: np.ndarray) -> None:
-    """θ ~ Dirichlet(π·E/δ) in log space: log G_e = log Gamma(α_e + 1) + log(U)/α_e (exact, and
-    concentrated draws keep the order of their tiny masses); fills log_mass and cum_seq."""
-    n_experts = cum.shape[0]
-    top = -np.inf
-    for e in range(n_experts):
-        share = cum[e] - (cum[e - 1] if e > 0 else 0.0)
-        if share > 0.0:
-            alpha = share * n_experts / dispersion
-            log_mass[e] = np.log(np.random.gamma(alpha + 1.0, 1.0)) + np.log(1.0 - np.random.random()) / alpha
-            top = max(top, log_mass[e])
-        else:
-            log_mass[e] = -np.inf
-    total = 0.0
-    for e in range(n_experts):
-        log_mass[e] -= top
-        total += np.exp(log_mass[e])
-        cum_seq[e] = total
-
-
-@numba.njit(cache=True)
-def _layer_popularity(cum: np.ndarray, dispersion: float, log_mass: np.ndarray, cum_seq: np.ndarray) -> np.ndarray:
-    """A sequence's cumulative popularity in one layer: θ drawn into cum_seq when δ > 0, else π
-    itself; log_mass holds log θ (or log π) for exact draws among the unchosen."""
-    if dispersion > 0.0:
-        _sequence_popularity(cum, dispersion, log_mass, cum_seq)
-        return cum_seq
-    for e in range(cum.shape[0]):
-        share = cum[e] - (cum[e - 1] if e > 0 else 0.0)
-        log_mass[e] = np.log(share) if share > 0.0 else -np.inf
-    return cum
-
-
-@numba.njit(cache=True)
-def _mixture_routing(
-    seq_starts: np.ndarray, n_layers: int, k: int, keep_prob: np.ndarray, cum_popularity: np.ndarray, dispersion: np.ndarray, seed: int
-) -> np.ndarray:
-    """Per sequence and layer, a sequence popularity θ ~ Dirichlet(π·E/δ) (θ = π when δ = 0); then
-    slot j of token t picks a lag ℓ with probability |keep_prob[layer, ℓ-1]| (or none): for
-    keep_prob > 0 it copies slot j of token t−ℓ, for keep_prob < 0 it bars that expert from token
-    t; the remaining slots are drawn without repeats in proportion to θ. δ = 0 and keep_prob = 0
-    with uniform π give independent uniform top-k sets."""
-    np.random.seed(seed)
-    n_experts = cum_popularity.shape[1]
-    n_lags = keep_prob.shape[1]
-    out = np.empty((seq_starts[-1], n_layers, k), np.int64)
-    chosen = np.zeros(n_experts, np.bool_)
-    cum_seq = np.empty(n_experts)
-    log_mass = np.empty(n_experts)
-    barred_ids = np.empty(k, np.int64)
-    for s in range(seq_starts.shape[0] - 1):
-        a = seq_starts[s]
-        b = seq_starts[s + 1]
-        for layer in range(n_layers):
-            cum = _layer_popularity(cum_popularity[layer], dispersion[layer], log_mass, cum_seq)
-            for t in range(a, b):
-                filled = 0
-                barred = 0
-                if t > a:
-                    for j in range(k):
-                        u = np.random.random()
-                        lag = 0
-                        for ell in range(n_lags):
-                            u -= abs(keep_prob[layer, ell])
-                            if u < 0.0:
-                                lag = ell + 1
-                                break
-                        if lag == 0 or t - lag < a:
-                            continue
-                        e = out[t - lag, layer, j]
-                        if chosen[e]:
-                            continue
-                        if keep_prob[layer, lag - 1] > 0.0:
-                            chosen[e] = True
-                            out[t, layer, filled] = e
-                            filled += 1
-                        elif barred + k < n_experts:
-                            chosen[e] = True
-                            barred_ids[barred] = e
-                            barred += 1
-                misses = 0
-                while filled < k:
-                    if misses < MAX_MISSES:
-                        e = np.searchsorted(cum, np.random.random() * cum[-1], side="right")
-                        if e >= n_experts:
-                            e = n_experts - 1
-                        if chosen[e]:
-                            misses += 1
-                            continue
-                    else:
-                        e = _draw_unchosen(log_mass, chosen)
-                    chosen[e] = True
-                    out[t, layer, filled] = e
-                    filled += 1
-                for j in range(k):
-                    chosen[out[t, layer, j]] = False
-                for j in range(barred):
-                    chosen[barred_ids[j]] = False
-    return out
+    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
+        """Draw with the Numba kernel; same seed, same ids."""
+        return self.generate_layout(geometry, equal_layout(tokens, seqs), seed)
 
 
 def equal_layout(tokens: int, seqs: int) -> np.ndarray:
     """Sequence starts of `seqs` sequences of `tokens` positions each, plus the total."""
     return np.arange(seqs + 1, dtype=np.int64) * tokens
+
+
+def equal_lengths(tokens: int, seqs: int) -> np.ndarray:
+    """`seqs` lengths of `tokens` positions, refused before allocating when outside 1..MAX_POSITIONS
+    or when the layout alone (lengths, starts, row numbers: 24 bytes a sequence) cannot fit memory."""
+    if not (1 <= seqs <= MAX_POSITIONS and 1 <= tokens <= MAX_POSITIONS):
+        raise InputError(f"a synthetic trace needs 1..{MAX_POSITIONS} sequences of 1..{MAX_POSITIONS} tokens, got {seqs} of {tokens}")
+    check_fits(f"the layout of {seqs} synthetic sequences", 24 * seqs)
+    return np.full(seqs, tokens, np.int64)
 
 
 def _per_layer(name: str, value: float | tuple[float, ...], n_layers: int, low: float, high: float) -> np.ndarray:
@@ -188,26 +129,27 @@ def _per_layer(name: str, value: float | tuple[float, ...], n_layers: int, low: 
     return values.copy()
 
 
+ZIPF = {"ge": 0.0, "le": 10.0}
+LAG = {"ge": -1.0, "le": 1.0}
+DISPERSION = {"ge": 0.0, "le": 1e6}
+
+
 def zipf_popularity(n_experts: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
     """Popularity ∝ rank^-exponent over a random permutation of the experts (exponent 0: uniform)."""
     weights = np.arange(1, n_experts + 1, dtype=np.float64) ** -exponent
     return weights[rng.permutation(n_experts)] / weights.sum()
 
 
-class _MixtureCase:
+class _MixtureCase(Drawn):
     """A generator that is a special case of the mixture (`as_mixture`)."""
 
     def as_mixture(self, n_layers: int) -> Mixture:
         """The equivalent mixture (its parameters checked for `n_layers` MoE layers)."""
         raise NotImplementedError
 
-    def generate_layout(self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int) -> np.ndarray:
-        """Ids for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
-        return self.as_mixture(len(geometry.moe_layers)).generate_layout(geometry, seq_starts, seed)
-
-    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
-        """The mixture's draws; same seed, same ids."""
-        return self.generate_layout(geometry, equal_layout(tokens, seqs), seed)
+    def filler(self, geometry: TraceGeometry, seed: int) -> Fill:
+        """The mixture's kernel; same seed, same ids."""
+        return self.as_mixture(len(geometry.moe_layers)).filler(geometry, seed)
 
 
 def _plain_mixture(keep_prob: float | tuple[float, ...], zipf_exponent: float | tuple[float, ...]) -> Mixture:
@@ -217,7 +159,7 @@ def _plain_mixture(keep_prob: float | tuple[float, ...], zipf_exponent: float | 
 
 @GENERATORS.register
 @dataclass(frozen=True)
-class Uniform(_MixtureCase):
+class Uniform(_MixtureCase, Checked):
     """Independent uniform top-k sets: P(expert in a token's set) = K/E for every token."""
 
     name: ClassVar[str] = "uniform"
@@ -229,11 +171,11 @@ class Uniform(_MixtureCase):
 
 @GENERATORS.register
 @dataclass(frozen=True)
-class Zipf(_MixtureCase):
+class Zipf(_MixtureCase, Checked):
     """Independent tokens, experts drawn by a per-layer Zipf popularity ∝ rank^-exponent."""
 
     name: ClassVar[str] = "zipf"
-    exponent: float | tuple[float, ...] = 1.0
+    exponent: float | tuple[float, ...] = checked(1.0, **ZIPF)
 
     def as_mixture(self, n_layers: int) -> Mixture:
         """The mixture with q = 0 and no sequence dispersion."""
@@ -242,23 +184,22 @@ class Zipf(_MixtureCase):
 
 @GENERATORS.register
 @dataclass(frozen=True)
-class Sticky(_MixtureCase):
+class Sticky(_MixtureCase, Checked):
     """Each of token t+1's experts is kept from token t with probability `keep_prob` (per layer or
     one value), else drawn by popularity (Zipf with `zipf_exponent` per layer; 0 = uniform)."""
 
     name: ClassVar[str] = "sticky"
-    keep_prob: float | tuple[float, ...] = 0.3
-    zipf_exponent: float | tuple[float, ...] = 0.0
+    keep_prob: float | tuple[float, ...] = checked(0.3, ge=0.0, le=1.0)
+    zipf_exponent: float | tuple[float, ...] = checked(0.0, **ZIPF)
 
     def as_mixture(self, n_layers: int) -> Mixture:
-        """The mixture without sequence dispersion (keep probabilities in [0, 1])."""
-        _per_layer("keep_prob", self.keep_prob, n_layers, 0.0, 1.0)
+        """The mixture without sequence dispersion."""
         return _plain_mixture(self.keep_prob, self.zipf_exponent)
 
 
 @GENERATORS.register
 @dataclass(frozen=True)
-class Mixture:
+class Mixture(Drawn, Checked):
     """Short-range stickiness plus per-sequence popularity: overlap with earlier tokens decays, then
     plateaus. Per layer: `keep_prob` q1 (each slot copies the same slot of the previous token with
     probability q1) and `keep_prob_2..4` (of the token 2, 3, 4 back); a negative value bars that
@@ -270,12 +211,12 @@ class Mixture:
     (docs/tracing.md; per-layer values in its parameter file `esft-vanilla-lite-mixture`)."""
 
     name: ClassVar[str] = "mixture"
-    keep_prob: float | tuple[float, ...] = 0.164
-    zipf_exponent: float | tuple[float, ...] = 0.561
-    seq_dispersion: float | tuple[float, ...] = 0.211
-    keep_prob_2: float | tuple[float, ...] = 0.043
-    keep_prob_3: float | tuple[float, ...] = 0.066
-    keep_prob_4: float | tuple[float, ...] = 0.021
+    keep_prob: float | tuple[float, ...] = checked(0.164, **LAG)
+    zipf_exponent: float | tuple[float, ...] = checked(0.561, **ZIPF)
+    seq_dispersion: float | tuple[float, ...] = checked(0.211, **DISPERSION)
+    keep_prob_2: float | tuple[float, ...] = checked(0.043, **LAG)
+    keep_prob_3: float | tuple[float, ...] = checked(0.066, **LAG)
+    keep_prob_4: float | tuple[float, ...] = checked(0.021, **LAG)
 
     def parameters(self, n_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-layer keep probabilities (L, 4) by lag, Zipf exponents (L,), dispersions (L,), checked."""
@@ -291,105 +232,17 @@ class Mixture:
             _per_layer("seq_dispersion", self.seq_dispersion, n_layers, 0.0, 1e6),
         )
 
-    def generate_layout(self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int) -> np.ndarray:
-        """Ids for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
+    def filler(self, geometry: TraceGeometry, seed: int) -> Fill:
+        """The mixture's kernel with the popularity of `seed`."""
         keep, exponents, dispersion = self.parameters(len(geometry.moe_layers))
         rng = np.random.default_rng(seed)
-        popularity = np.stack([zipf_popularity(geometry.experts, float(x), rng) for x in exponents])
-        starts = np.asarray(seq_starts, np.int64)
-        ids = _mixture_routing(starts, len(exponents), geometry.top_k, keep, np.cumsum(popularity, axis=1), dispersion, seed)
-        return ids.astype(geometry.expert_id_type.to_pandas_dtype())
-
-    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
-        """Draw with the Numba kernel; same seed, same ids."""
-        return self.generate_layout(geometry, equal_layout(tokens, seqs), seed)
-
-
-@numba.njit(cache=True)
-def _draw_fresh(cum: np.ndarray, log_mass: np.ndarray, excluded: np.ndarray) -> int:
-    """One expert not in `excluded`, in proportion to θ: rejection up to MAX_MISSES, then exactly."""
-    n_experts = cum.shape[0]
-    for _ in range(MAX_MISSES):
-        e = min(np.searchsorted(cum, np.random.random() * cum[-1], side="right"), n_experts - 1)
-        if not excluded[e]:
-            return e
-    return _draw_unchosen(log_mass, excluded)
-
-
-@numba.njit(cache=True)
-def _take(e: int, chosen: np.ndarray, row: np.ndarray, filled: int) -> int:
-    """Put expert e in the next free slot of a token's row; returns the slots filled."""
-    chosen[e] = True
-    row[filled] = e
-    return filled + 1
-
-
-@numba.njit(cache=True)
-def _working_set_routing(
-    seq_starts: np.ndarray,
-    k: int,
-    keep_prob: np.ndarray,
-    cum_popularity: np.ndarray,
-    dispersion: np.ndarray,
-    working_set: int,
-    working_use: np.ndarray,
-    working_persist: np.ndarray,
-    seed: int,
-) -> np.ndarray:
-    """Per sequence and layer: θ ~ Dirichlet(π·E/δ) as in the mixture, and a context of W distinct
-    experts drawn from θ; before every token after the first, each context member is replaced with
-    probability 1 − ρ by a θ-draw outside the context. Token t takes each context member (in a
-    random order) with probability p, while slots remain; then slot j copies slot j of token t − 1
-    with probability q (if not taken yet); the remaining slots are drawn without repeats from θ."""
-    np.random.seed(seed)
-    n_layers, n_experts = cum_popularity.shape
-    out = np.empty((seq_starts[-1], n_layers, k), np.int64)
-    chosen = np.zeros(n_experts, np.bool_)
-    in_context = np.zeros(n_experts, np.bool_)
-    context = np.empty(max(working_set, 1), np.int64)
-    cum_seq = np.empty(n_experts)
-    log_mass = np.empty(n_experts)
-    for s in range(seq_starts.shape[0] - 1):
-        a = seq_starts[s]
-        b = seq_starts[s + 1]
-        for layer in range(n_layers):
-            cum = _layer_popularity(cum_popularity[layer], dispersion[layer], log_mass, cum_seq)
-            for i in range(working_set):
-                context[i] = _draw_fresh(cum, log_mass, in_context)
-                in_context[context[i]] = True
-            for t in range(a, b):
-                if t > a:
-                    for i in range(working_set):
-                        if np.random.random() >= working_persist[layer]:
-                            e = _draw_fresh(cum, log_mass, in_context)
-                            in_context[context[i]] = False
-                            in_context[e] = True
-                            context[i] = e
-                for i in range(working_set):  # a random order of the context
-                    j = i + np.random.randint(0, working_set - i)
-                    context[i], context[j] = context[j], context[i]
-                filled = 0
-                for i in range(working_set):
-                    if filled < k and np.random.random() < working_use[layer]:
-                        filled = _take(context[i], chosen, out[t, layer], filled)
-                if t > a:
-                    for j in range(k):
-                        if filled >= k:
-                            break
-                        if np.random.random() < keep_prob[layer] and not chosen[out[t - 1, layer, j]]:
-                            filled = _take(out[t - 1, layer, j], chosen, out[t, layer], filled)
-                while filled < k:
-                    filled = _take(_draw_fresh(cum, log_mass, chosen), chosen, out[t, layer], filled)
-                for j in range(k):
-                    chosen[out[t, layer, j]] = False
-            for i in range(working_set):
-                in_context[context[i]] = False
-    return out
+        cum = np.cumsum(np.stack([zipf_popularity(geometry.experts, float(x), rng) for x in exponents]), axis=1)
+        return lambda starts, lo, hi, out: draws.mixture_routing(starts, lo, hi, keep, cum, dispersion, out)
 
 
 @GENERATORS.register
 @dataclass(frozen=True)
-class WorkingSet:
+class WorkingSet(Drawn, Checked):
     """A slowly drifting working set on top of per-sequence popularity: what real routing does
     (reuse decays over tens of tokens and bursts run longer than pairwise stickiness gives). Per
     layer: `zipf_exponent` s and `seq_dispersion` δ as in the mixture (θ ~ Dirichlet(π·E/δ) per
@@ -402,12 +255,12 @@ class WorkingSet:
     `esft-vanilla-lite-working-set`)."""
 
     name: ClassVar[str] = "working-set"
-    zipf_exponent: float | tuple[float, ...] = 0.569
-    seq_dispersion: float | tuple[float, ...] = 0.201
-    keep_prob: float | tuple[float, ...] = 0.122
-    working_use: float | tuple[float, ...] = 0.251
-    working_persist: float | tuple[float, ...] = 0.923
-    working_set: int = 6
+    zipf_exponent: float | tuple[float, ...] = checked(0.569, **ZIPF)
+    seq_dispersion: float | tuple[float, ...] = checked(0.201, **DISPERSION)
+    keep_prob: float | tuple[float, ...] = checked(0.122, ge=0.0, le=1.0)
+    working_use: float | tuple[float, ...] = checked(0.251, ge=0.0, le=1.0)
+    working_persist: float | tuple[float, ...] = checked(0.923, ge=0.0, le=1.0)
+    working_set: int = checked(6, ge=0, lt=1 << 16)
 
     def parameters(self, n_layers: int, n_experts: int) -> tuple[np.ndarray, ...]:
         """Per-layer s, δ, q, p, ρ (checked) and the context size W."""
@@ -421,23 +274,54 @@ class WorkingSet:
             _per_layer("working_persist", self.working_persist, n_layers, 0.0, 1.0),
         )
 
-    def generate_layout(self, geometry: TraceGeometry, seq_starts: np.ndarray, seed: int) -> np.ndarray:
-        """Ids for sequences of any lengths (`seq_starts`: first row of each, then the total)."""
+    def filler(self, geometry: TraceGeometry, seed: int) -> Fill:
+        """The working set's kernel with the popularity of `seed`."""
         exponents, dispersion, keep, use, persist = self.parameters(len(geometry.moe_layers), geometry.experts)
         rng = np.random.default_rng(seed)
-        popularity = np.cumsum(np.stack([zipf_popularity(geometry.experts, float(x), rng) for x in exponents]), axis=1)
-        starts = np.asarray(seq_starts, np.int64)
-        ids = _working_set_routing(starts, geometry.top_k, keep, popularity, dispersion, self.working_set, use, persist, seed)
-        return ids.astype(geometry.expert_id_type.to_pandas_dtype())
-
-    def generate(self, geometry: TraceGeometry, tokens: int, seqs: int, seed: int) -> np.ndarray:
-        """Draw with the Numba kernel; same seed, same ids."""
-        return self.generate_layout(geometry, equal_layout(tokens, seqs), seed)
+        cum = np.cumsum(np.stack([zipf_popularity(geometry.experts, float(x), rng) for x in exponents]), axis=1)
+        size = self.working_set
+        return lambda starts, lo, hi, out: draws.working_set_routing(starts, lo, hi, keep, cum, dispersion, size, use, persist, out)
 
 
-def make_generator(name: str, **params: Any) -> RoutingGenerator:
-    """A registered generator by name with its parameters."""
-    return GENERATORS.create(name, **params)
+def make_generator(name: str, params: dict | None = None) -> RoutingGenerator:
+    """A registered generator by name, its parameters checked by the schema layer (types and
+    ranges; a problem is a FieldError naming the parameter)."""
+    if not isinstance(name, str) or name not in GENERATORS:
+        raise FieldError("", GENERATORS.unknown(name))
+    return construct(GENERATORS.get(name), params or {})
+
+
+def _synth_meta(geometry: TraceGeometry, generator: RoutingGenerator, lengths: np.ndarray, seed: int) -> TraceMeta:
+    """The trace's metadata, after checking the request: 1 <= lengths < 2^32, seed in 0..MAX_SEED."""
+    if lengths.size < 1 or lengths.min() < 1 or lengths.size > MAX_POSITIONS or lengths.max() > MAX_POSITIONS:
+        raise InputError(f"a synthetic trace needs 1..{MAX_POSITIONS} sequences of 1..{MAX_POSITIONS} tokens")
+    if not 0 <= seed <= MAX_SEED:
+        raise InputError(f"a synthetic trace needs a seed in 0..{MAX_SEED}, got {seed}")
+    params = {"name": generator.name, **dataclasses.asdict(generator), "seed": seed}  # type: ignore[call-overload]
+    same = lengths.min() == lengths.max()
+    return TraceMeta(
+        geometry=geometry,
+        engine="moesim-synth",
+        backend="synthetic",
+        prompts=f"{lengths.size} synthetic sequences of {lengths[0] if same else f'{lengths.min()}-{lengths.max()}'} tokens",
+        generator=params,
+    )
+
+
+def synth_sizes(geometry: TraceGeometry, longest: int, positions: int, in_memory: bool) -> tuple[int, int]:
+    """(bytes of memory, bytes of file) a synthetic trace needs: its ids (all of them in memory, or
+    the largest group streamed to a file) and the file's rows (seq, pos, layer, is_prompt, ids)."""
+    id_bytes = 1 if geometry.experts <= 256 else 2
+    per_position = len(geometry.moe_layers) * geometry.top_k * id_bytes
+    held = positions if in_memory else max(longest, min(positions, GROUP_POSITIONS))
+    memory = held * (per_position + 9) + (0 if in_memory else MAX_BATCH_ROWS * 40)
+    file = positions * len(geometry.moe_layers) * (10 + geometry.top_k * id_bytes) + (1 << 16)
+    return memory, file
+
+
+def _what(label: str, geometry: TraceGeometry, lengths: np.ndarray) -> str:
+    shape = f"{lengths.size} sequences of {lengths.max()} tokens" if lengths.min() == lengths.max() else f"{int(lengths.sum())} tokens"
+    return f"{label} ({shape}, {len(geometry.moe_layers)} MoE layers, top-{geometry.top_k})"
 
 
 def synthesize(
@@ -448,27 +332,17 @@ def synthesize(
     seed: int,
     weight_format: str | None = None,
 ) -> Trace:
-    """A synthetic trace of `seqs` sequences of `tokens` generated positions each."""
+    """A synthetic trace of `seqs` sequences of `tokens` generated positions each (in memory;
+    one that cannot fit is refused with its size before any work)."""
     geometry = TraceGeometry.from_preset(preset, weight_format, "synthetic routing")
-    if tokens < 1 or seqs < 1:
-        raise InputError(f"a synthetic trace needs tokens >= 1 and seqs >= 1, got tokens={tokens}, seqs={seqs}")
-    return synthesize_layout(geometry, generator, np.full(seqs, tokens), seed)
+    return synthesize_layout(geometry, generator, equal_lengths(tokens, seqs), seed)
 
 
 def synthesize_layout(geometry: TraceGeometry, generator: RoutingGenerator, lengths: np.ndarray, seed: int) -> Trace:
     """A synthetic trace of sequences of the given lengths (e.g. a recorded trace's, to compare like with like)."""
     lengths = np.asarray(lengths, np.int64)
-    if lengths.size < 1 or lengths.min() < 1:
-        raise InputError("a synthetic trace needs at least one sequence of at least one token")
-    params = {"name": generator.name, **dataclasses.asdict(generator), "seed": seed}  # type: ignore[call-overload]
-    same = lengths.min() == lengths.max()
-    meta = TraceMeta(
-        geometry=geometry,
-        engine="moesim-synth",
-        backend="synthetic",
-        prompts=f"{lengths.size} synthetic sequences of {lengths[0] if same else f'{lengths.min()}-{lengths.max()}'} tokens",
-        generator=params,
-    )
+    meta = _synth_meta(geometry, generator, lengths, seed)
+    check_fits(_what("the synthetic trace", geometry, lengths), synth_sizes(geometry, int(lengths.max()), int(lengths.sum()), True)[0])
     experts = generator.generate_layout(geometry, np.concatenate([[0], np.cumsum(lengths)]), seed)
     return Trace(
         meta=meta,
@@ -477,6 +351,30 @@ def synthesize_layout(geometry: TraceGeometry, generator: RoutingGenerator, leng
         is_prompt=np.zeros(int(lengths.sum()), bool),
         experts=experts,
     )
+
+
+def synthesize_to(
+    path: Path,
+    geometry: TraceGeometry,
+    generator: RoutingGenerator,
+    lengths: np.ndarray,
+    seed: int,
+    progress: Progress | None = None,
+) -> TraceMeta:
+    """Write the trace `synthesize_layout` would make to `path`, streaming groups of whole sequences
+    (memory: one group, at least one sequence); refused before any work, with its estimate, when
+    memory or disk cannot hold it."""
+    lengths = np.asarray(lengths, np.int64)
+    meta = _synth_meta(geometry, generator, lengths, seed)
+    memory, file = synth_sizes(geometry, int(lengths.max()), int(lengths.sum()), in_memory=False)
+    check_fits(_what(f"the synthetic trace {path}", geometry, lengths), memory, file, Path(path).parent)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    with TraceWriter(path, meta) as writer:
+        for first, end, ids in generator.iter_groups(geometry, starts, seed, GROUP_POSITIONS, progress):
+            for s in range(first, end):
+                writer.append(s, 0, ids[starts[s] - starts[first] : starts[s + 1] - starts[first]], False)
+                writer.end_sequence()
+    return meta
 
 
 def generator_from_options(

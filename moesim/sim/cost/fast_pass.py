@@ -18,10 +18,10 @@ per-layer features and tables live in `PassTables`.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from moesim.hw_profiles.family_kernel import element_time_us
+from moesim.kernels.jit import njit
 
 NEED_TABLE = -1  # the pass size has been costed often enough: build its tables and call again
 STRAY_ID = -2  # an expert id >= the number of experts
@@ -29,39 +29,79 @@ NEED_PYTHON = -4  # an untabled size of a family the formula does not price (its
 TABLE_BYTES_KEPT = 256 * 2**20  # tables of the compiled path beyond this are dropped (rebuilt on demand)
 
 
-@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
-def pairwise_sum(a, lo, n):  # noqa: ANN201
-    """Σ a[lo:lo+n] in numpy's order (pairwise, eight accumulators per block of <= 128): the same bits as `a.sum()`."""
+@njit
+def _block_sum(a, lo, n):  # noqa: ANN202
+    """Σ a[lo:lo+n], n <= 128, as numpy sums a block: eight accumulators, then the tail."""
     if n < 8:
         res = 0.0
         for i in range(lo, lo + n):
             res += a[i]
         return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - (n % 8):
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit
+def pairwise_sum(a, lo, n):  # noqa: ANN201
+    """Σ a[lo:lo+n] in numpy's order (pairwise halves down to blocks of <= 128, eight accumulators
+    per block): the same bits as `a.sum()`. Iterative (a recursive kernel cannot be cached): the
+    halving tree is walked in post-order with an explicit stack of partial sums."""
     if n <= 128:
-        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
-        i = 8
-        while i < n - (n % 8):
-            r0 += a[lo + i]
-            r1 += a[lo + i + 1]
-            r2 += a[lo + i + 2]
-            r3 += a[lo + i + 3]
-            r4 += a[lo + i + 4]
-            r5 += a[lo + i + 5]
-            r6 += a[lo + i + 6]
-            r7 += a[lo + i + 7]
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < n:
-            res += a[lo + i]
-            i += 1
-        return res
-    half = n // 2
-    half -= half % 8
-    return pairwise_sum(a, lo, half) + pairwise_sum(a, lo + half, n - half)
+        return _block_sum(a, lo, n)
+    starts = np.empty(64, np.int64)
+    sizes = np.empty(64, np.int64)
+    state = np.zeros(64, np.int64)  # 0: not split yet, 1: left half summed (its sum in partial)
+    partial = np.empty(64)
+    depth = 0
+    starts[0], sizes[0], state[0] = lo, n, 0
+    result = 0.0
+    while depth >= 0:
+        size = sizes[depth]
+        if size <= 128:
+            value = _block_sum(a, starts[depth], size)
+        elif state[depth] == 0:
+            half = size // 2
+            half -= half % 8
+            state[depth] = 1
+            starts[depth + 1], sizes[depth + 1], state[depth + 1] = starts[depth], half, 0
+            depth += 1
+            continue
+        elif state[depth] == 1:
+            half = size // 2
+            half -= half % 8
+            state[depth] = 2
+            starts[depth + 1], sizes[depth + 1], state[depth + 1] = starts[depth] + half, size - half, 0
+            depth += 1
+            continue
+        else:
+            value = partial[depth] + partial[depth + 1]
+        depth -= 1
+        if depth < 0:
+            result = value
+        elif state[depth] == 1:
+            partial[depth] = value  # the left half's sum
+        else:
+            partial[depth + 1] = value  # the right half's sum
+    return result
 
 
-@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+@njit
 def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, counts, features):  # noqa: ANN201
     """features[0, l], [1, l], [2, l] = distinct experts, max tokens per expert and slots of layer l
     over windows rows[i] .. rows[i] + lengths[i] − 1 (i < n_windows) and blocks of checkpoint
@@ -101,7 +141,7 @@ def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_
     return -1 if stray else total
 
 
-@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+@njit
 def expert_us(n_tokens, features, t, layer_buf):  # noqa: ANN201
     """The pass's expert time from its per-layer features (see the module docstring); NEED_TABLE
     when the size has just reached its tables, NEED_PYTHON (the size not counted) when an untabled
@@ -141,7 +181,7 @@ def expert_us(n_tokens, features, t, layer_buf):  # noqa: ANN201
     return best
 
 
-@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+@njit
 def plus_dense(expert, n_tokens, context_tokens, sequences, dense, comm):  # noqa: ANN201
     """`StepTimeModel._plus_dense` compiled, the same operations in the same order; `dense` =
     weight bytes, KV bytes per token, params, kernels, launch µs, bandwidth GB/s, FLOP coefficient,
@@ -235,7 +275,7 @@ def _padded(rows: list[np.ndarray]) -> np.ndarray:
 OUTSIDE = -3  # a window outside the trace's rows
 
 
-@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+@njit
 def pass_total_us(  # noqa: ANN201
     experts,
     rows,

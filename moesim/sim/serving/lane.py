@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numba
 import numpy as np
 
+from moesim.kernels.jit import njit
 from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, count_union, expert_us, plus_dense, scratch_for
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.cost.trace_batch import TraceBatchCost
@@ -37,7 +37,7 @@ REMAINING, DECODED, POS, POS_START, POS_END, WRAPS, KV_PAGES, PROMPT, SEQ_ROW, R
 SEGMENT = 4096  # iterations one call may run at most
 
 
-@numba.njit  # not cached: a cached copy crashed when loaded (docs/performance.md)
+@njit
 def _decode(  # noqa: ANN202
     st,
     draws,

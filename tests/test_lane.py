@@ -159,6 +159,23 @@ def test_the_lane_writes_the_python_loops_records(case: str, kind: str) -> None:
     assert lane == _records(True, cost(True), scheduling, **changes)  # same seed, same records
 
 
+@pytest.mark.parametrize("case", ["whole prefills", "KV pages and chunked prefill", "MoESD slots"])
+def test_the_lane_runs_admissions_and_prefills_itself(case: str) -> None:
+    """In a closed loop without preemptions on an engine profile, the lane runs nearly every
+    iteration: admissions, chunks, finishes and arrivals included (the Python loop only where a
+    pass size reaches its tables)."""
+    scheduling, changes = CASES[case]
+    server = Server(
+        cost=_cost("nvidia-h200-vllm", "dispatch", True), policy=Static(k=3), acceptance=Geometric(alpha=0.7),
+        workload=Workload(prompt_tokens=100, output_tokens=60), arrivals=Arrivals(concurrency=8), max_batch=8, requests=60,
+        duration_us=0.0, seed=0, windows=WINDOWS, scheduling=scheduling, **changes,
+    )  # fmt: skip
+    record = server.run()
+    assert server.lane is not None
+    assert np.count_nonzero(record.admitted) > 10  # many iterations yield first tokens
+    assert server.lane.iterations >= 0.9 * record.draft_us.size, (server.lane.iterations, record.draft_us.size)
+
+
 def test_adaptive_policies_keep_the_python_loop() -> None:
     server = Server(
         cost=_cost("nvidia-h200", "best", True), policy=Cascade(), acceptance=Geometric(alpha=0.7), workload=Workload(10, 50),

@@ -39,7 +39,7 @@ import simpy
 
 from moesim.sim.cost.pass_table import BatchCostModel, PrefillChunks, TablePassCost
 from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance
-from moesim.sim.serving.lane import FINISHED, Lane, exact_delays
+from moesim.sim.serving.lane import Lane, exact_delays
 from moesim.sim.serving.policies import Controller, Policy
 from moesim.sim.serving.scheduler import Scheduler, Scheduling
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
@@ -254,14 +254,22 @@ class Server:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def _issue(self) -> None:
-        """Create the next request, arriving now, and queue it."""
-        rid = len(self.issued)
+    def new_request(self, rid: int) -> Request:
+        """Request `rid` as it arrives (its arrival time is the clock's when it is issued)."""
         prompt, output = self.workload.lengths(rid)
         request = Request(rid, self.env.now, prompt, output, self.acceptance.bind(rid, output, self.k_cap, self.seed))
         if self.windows is not None:
             request.seq, request.pos, request.pos_start, request.pos_end = self.windows.place(rid)
             request.trace_start = request.pos
+        return request
+
+    def _issue(self) -> None:
+        """The next request arrives now and is queued (made ahead by the lane in a closed loop)."""
+        rid = len(self.issued)
+        request = self.lane.take_pending(rid) if self.lane is not None else None
+        if request is None:
+            request = self.new_request(rid)
+        request.arrival_us = self.env.now
         self.issued.append(request)
         self.queue.append(request)
         if self._wake is not None:
@@ -313,28 +321,23 @@ class Server:
         clock = env.now
         lane = self.lane
         while True:
-            if lane is not None and active and not prefilling and not (queue and len(active) < max_batch):
-                several = closed and (not queue or len(active) >= max_batch)  # nothing outside the batch changes meanwhile
-                status, done, end = lane.run(active, clock, self.duration_us, countdown if several else 1)
+            if lane is not None and (lane.loaded or active or prefilling or queue):
+                _, done, end = lane.run(active, prefilling, queue, clock, self.duration_us, countdown if closed else 1)
                 if done:
                     self._lane_records(lane, done)
-                    if extended and len(active) > scheduler.max_running:
-                        scheduler.max_running = len(active)
                     for delay in exact_delays(clock, end):
                         yield timeout(delay)
                     clock = env.now
-                    if status == FINISHED:
-                        for request in lane.finished(active):
-                            self._finish(request, clock, closed)
+                    finished, issued = lane.settle(done)
+                    self.completed += len(finished)
+                    self.issued += issued
                     countdown -= done
                     if not countdown:
                         countdown = PROGRESS_EVERY
                         if progress is not None:
                             progress(self._done_fraction())
                     continue
-                lane.store()  # the Python loop takes this iteration
-            elif lane is not None:
-                lane.store()
+                lane.store(active, prefilling, queue)  # the Python loop takes this iteration
             admitted: tuple[Request, ...] | list[Request] = no_admissions
             prefill_us = 0.0
             if not extended and queue and len(active) < max_batch:
@@ -468,8 +471,15 @@ class Server:
 
     def _lane_records(self, lane: Lane, done: int) -> None:
         """Append the lane's last iterations to the records (as the loop appends its own)."""
-        start, draft, verify, distinct, batch, pages, rids, ks, accepted = lane.records(done)
+        start, draft, verify, distinct, prefill, batch, pages, prefill_tokens, first, rids, ks, accepted = lane.records(done)
         rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = self._it
+        rec_admit_at, rec_prefill, rec_admitted = self._admissions
+        base = len(rec_draft)
+        for i in range(done):
+            if first[i] or prefill[i]:
+                rec_admit_at.append(base + i)
+                rec_prefill.append(prefill[i])
+                rec_admitted.append(first[i])
         rec_start += start
         rec_draft += draft
         rec_verify += verify
@@ -477,7 +487,7 @@ class Server:
         rec_distinct += distinct
         if self.scheduling.extended:
             rec_prefill_tokens, rec_pages, rec_preempted, rec_swap = self._ext
-            rec_prefill_tokens += [0] * done
+            rec_prefill_tokens += prefill_tokens
             rec_pages += pages
             rec_preempted += [0] * done
             rec_swap += [0.0] * done
@@ -518,7 +528,7 @@ class Server:
 
     def _record(self) -> ServerRecord:
         if self.lane is not None:
-            self.lane.store()
+            self.lane.store([], [], deque())  # the requests' state back (the lists are no longer needed)
         start, draft, verify, batch, distinct = self._it
         admit_at, prefill_sparse, admitted_sparse = self._admissions
         step_request, step_k, step_acc = self._steps

@@ -1,0 +1,396 @@
+"""The server's compiled lane: whole server iterations (draft lengths, KV pages, chunked prefill
+or whole prefills, admissions, the pass, the records, the commits, finishes and a closed loop's
+new arrivals) run in one compiled call (`kernel.serve`) over the state of every request the lane
+holds, kept in arrays of request rows; the Python loop of `moesim.sim.serving.server` is the
+reference (tested equal, record for record).
+
+A lane iteration does what the loop and the scheduler (`moesim.sim.serving.scheduler`) do, in
+their order: draft lengths (a fixed k, capped at the remaining tokens − 1 and by the token budget
+under chunked prefill); the decoding requests' pages for their k + 1 positions, the prefilling
+requests' next chunks, the admissions (the queue's head while the batch has room, the budget
+tokens and its first chunk or whole prompt pages); the pass (a `TablePassCost` lookup, or the
+trace-driven step-time model in one compiled pass, `moesim.sim.cost.fast_pass`, decode windows
+and prefill chunks together, with a drafter that costs nothing); the records, the window wrap,
+the acceptance draws (precomputed blocks), the commits, the prefills that finished (first
+tokens), the requests that finished and, in a closed loop, the requests that replace them (made
+in Python ahead of time: `Lane.pending`).
+
+It stops, before changing anything, where the Python loop has to decide: a request would need
+a page that is not free (a preemption), a swapped request is next to admit, the loop would run
+out of requests made ahead, a pass size reaches its tables, a pass size without tables has a
+family priced by its lookup ladder and never by the compiled formula, the duration would cut the
+iteration, or nothing is left to run; and it asks Python for a block of draws that is used up and
+for a whole prefill's cost it has not seen. Several iterations run in one call (one `Timeout` for
+all of them) only in a closed loop, where nothing outside the lane can change meanwhile; with
+Poisson arrivals it runs one iteration per call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from moesim.kernels.unions import PrefillRegion
+from moesim.sim.cost.fast_pass import scratch_for
+from moesim.sim.cost.pass_table import TablePassCost
+from moesim.sim.cost.trace_batch import TraceBatchCost
+from moesim.sim.serving.acceptance import _BlockDraws
+from moesim.sim.serving.lane.kernel import (
+    ACT,
+    ADMISSIONS,
+    ARRIVAL,
+    ASKED,
+    BAD_IDS,
+    DRAW_AT,
+    DRAW_LEN,
+    FIELDS,
+    FINISH,
+    FIRST,
+    ISSUED,
+    MAX_RUNNING,
+    MORE,
+    N_ACT,
+    N_FIN,
+    N_PRE,
+    N_STEPS,
+    P_HEAD,
+    P_TAIL,
+    PEND,
+    PENDING,
+    PRE,
+    PREFILL,
+    PREFILL_COST,
+    Q_HEAD,
+    Q_TAIL,
+    QUE,
+    REFILL,
+    RID,
+    SEQ,
+    SEQ_ROW,
+    STOP,
+    SWAPPED,
+    TABLE,
+    TARGET,
+    serve,
+)  # fmt: skip
+from moesim.sim.serving.policies import _Fixed
+
+SEGMENT = 4096  # iterations one call may run at most
+
+
+def _longest_block(server: Any) -> int:
+    return max(1, min(4096, max(server.workload.outputs, default=1)))
+
+
+class Lane:
+    """The compiled lane of one server run; `Lane.of` says whether the run can use it.
+
+    While `loaded`, the lane holds the batch, the requests in prefill and the queue's head (the
+    server's lists are then stale; `store` gives them back); requests made ahead for a closed
+    loop (`pending`, not yet issued) stay with the lane across loads."""
+
+    def __init__(self, server: Any, k: int) -> None:
+        self.server = server
+        cap = server.max_batch
+        self.block = _longest_block(server)
+        self.rows_total = 0
+        self._grow_rows(4 * cap + 8)
+        self.reqs: list[Any] = [None] * self.rows_total  # the Request of each row in use
+        self.free_rows = list(range(self.rows_total - 1, -1, -1))
+        self.pending: deque[Any] = deque()  # made ahead, in request id order (closed loop)
+        self.lists = np.zeros((4, self.rows_total), np.int64)
+        self.cnt = np.zeros(12, np.int64)
+        wide = cap * (server.k_cap + 1) + 4 * cap + 8
+        self.work = (
+            np.zeros(cap, np.int64), np.zeros(3 * cap, np.int64), np.zeros(wide, np.int64), np.zeros(wide, np.int64),
+            np.zeros(2 * cap + 2, np.int64), np.zeros(2 * cap + 2, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
+            np.zeros(cap, np.int64),
+        )  # fmt: skip
+        self.out_f = np.zeros((5, SEGMENT))
+        self.out_i = np.zeros((4, SEGMENT), np.int64)
+        self.steps = np.zeros((3, SEGMENT * cap), np.int64)
+        self.fin = np.zeros(SEGMENT * cap + cap, np.int64)
+        self.loaded = False
+        self.iterations = 0  # run by the lane (the rest by the Python loop)
+        self.prefill_costs: dict[int, float] = {}
+        scheduling = server.scheduling
+        kv = server.scheduler.kv
+        self.kv = np.array([kv.free if kv else 0, kv.capacity if kv else 0, kv is not None], np.int64)
+        cost = server.cost
+        self.table_mode = isinstance(cost, TablePassCost)
+        region = None
+        if self.table_mode:
+            coster = server.coster
+            self.tables = (np.asarray(coster.verify, np.float64), np.asarray(coster.draft, np.float64))
+            self.experts = np.zeros((1, 1, 1), np.uint8)
+            self.scratch = scratch_for(1, 1)
+            self.seq_starts = np.zeros(2, np.int64)
+        else:
+            self.tables = (np.zeros(1), np.zeros(1))
+            self.experts = cost.trace.experts
+            self.scratch = scratch_for(self.experts.shape[1], cost.trace.meta.geometry.experts)
+            self.seq_starts = cost.trace.seq_starts
+            longest = cap * (server.k_cap + 1) + (scheduling.token_budget if scheduling.chunked_prefill else 0)
+            cost.model.pass_tables.ensure(longest)
+            if scheduling.chunked_prefill:
+                if cost._region is None:
+                    cost._region = PrefillRegion.of(cost.trace.experts, cost.trace.meta.geometry.experts)
+                region = cost._region
+        self.region = region.checkpoints if region is not None else _NO_REGION
+        self.cfg = np.array(
+            [k, server.k_cap, scheduling.token_budget, scheduling.chunked_prefill, server.windows is not None,
+             0 if scheduling.moesd_slots else 1, self.table_mode, kv.block_tokens if kv else 1, scheduling.extended, cap,
+             server.arrivals.kind == "closed", server.total_requests, region.rows if region else 1, region.stride if region else 1],
+            np.int64,
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, server: Any) -> Lane | None:
+        """A lane for runs of a fixed draft length, position-independent acceptance draws and a
+        table or one-device trace-driven cost with a drafter that costs nothing, a chain (no draft
+        tree) and no spec-path terms; else None."""
+        controller = server.controller
+        if type(controller) is not _Fixed or server.policy.min_draft_steps or not server.workload.outputs:
+            return None
+        probe = server.acceptance.bind(0, 2, server.k_cap, server.seed)
+        if not isinstance(probe, _BlockDraws) or type(probe).draw is not _BlockDraws.draw:
+            return None
+        cost = server.cost
+        if isinstance(cost, TraceBatchCost):
+            one_device = cost.compiled and cost.model.parallel.ranks == 1 and server.windows is not None
+            plain_chain = not cost.widths and cost.model.profile.speculative is None  # no tree, no spec-path terms
+            if not (one_device and plain_chain and cost._drafting.free):
+                return None
+        elif not isinstance(cost, TablePassCost):
+            return None
+        return cls(server, controller._k)
+
+    # ---- rows ------------------------------------------------------------------------------
+
+    def _grow_rows(self, rows: int) -> None:
+        """Room for `rows` requests (the row arrays grown, their contents kept)."""
+        if rows <= self.rows_total:
+            return
+        old = self.rows_total
+        rows = max(rows, 2 * old)
+        if old == 0:
+            self.st = np.zeros((17, rows), np.int64)
+            self.sf = np.full((4, rows), math.nan)
+            self.draws = np.zeros((rows, self.block), np.int64)
+        else:
+            self.st = np.concatenate([self.st, np.zeros((17, rows - old), np.int64)], axis=1)
+            self.sf = np.concatenate([self.sf, np.full((4, rows - old), math.nan)], axis=1)
+            self.draws = np.concatenate([self.draws, np.zeros((rows - old, self.block), np.int64)])
+            self.lists = np.concatenate([self.lists, np.zeros((4, rows - old), np.int64)], axis=1)
+            self.reqs += [None] * (rows - old)
+            self.free_rows = list(range(rows - 1, old - 1, -1)) + self.free_rows
+        self.rows_total = rows
+
+    def _put(self, request: Any) -> int:
+        """A row holding the request's state (its first block of draws made if it has none)."""
+        if not self.free_rows:
+            self._grow_rows(self.rows_total + 1)
+        r = self.free_rows.pop()
+        self.reqs[r] = request
+        st, sf = self.st, self.sf
+        for f, name in enumerate(FIELDS):
+            st[f, r] = getattr(request, name)
+        st[SEQ, r] = request.seq
+        st[SEQ_ROW, r] = self.seq_starts[request.seq] if not self.table_mode else 0
+        st[RID, r] = request.rid
+        sf[ARRIVAL, r], sf[FIRST, r], sf[FINISH, r] = request.arrival_us, request.first_token_us, request.finish_us
+        sf[PREFILL_COST, r] = self.prefill_costs.get(request.prefill_target, math.nan)
+        acceptance = request.acceptance
+        if acceptance.counts.size == 0:
+            acceptance.refill()
+        self._put_draws(r, acceptance)
+        return r
+
+    def _put_draws(self, r: int, acceptance: _BlockDraws) -> None:
+        counts = acceptance.counts
+        self.draws[r, : counts.size] = counts
+        self.st[DRAW_AT, r] = acceptance.at
+        self.st[DRAW_LEN, r] = counts.size
+
+    def _get(self, r: int) -> Any:
+        """The row's state back into its Request; the row freed."""
+        request = self.reqs[r]
+        row = self.st[:, r].tolist()
+        for f, name in enumerate(FIELDS):
+            setattr(request, name, row[f])
+        request.swapped = bool(row[SWAPPED])
+        request.acceptance.at = row[DRAW_AT]
+        request.first_token_us, request.finish_us = float(self.sf[FIRST, r]), float(self.sf[FINISH, r])  # (arrival: set when issued)
+        self.reqs[r] = None
+        self.free_rows.append(r)
+        return request
+
+    # ---- the requests made ahead (closed loop) ---------------------------------------------
+
+    def _top_up(self) -> None:
+        """At least 2 × max batch requests made ahead, or every one the run may still issue."""
+        server = self.server
+        wanted = 2 * server.max_batch
+        self._grow_rows(self.rows_total - len(self.free_rows) + wanted + 1)
+        cnt, lists = self.cnt, self.lists
+        cnt[P_TAIL] -= cnt[P_HEAD]
+        lists[PEND, : cnt[P_TAIL]] = lists[PEND, cnt[P_HEAD] : cnt[P_HEAD] + cnt[P_TAIL]]
+        cnt[P_HEAD] = 0
+        rid = len(server.issued) + len(self.pending)
+        while len(self.pending) < wanted and (not server.total_requests or rid < server.total_requests):
+            request = server.new_request(rid)
+            self.pending.append(request)
+            lists[PEND, cnt[P_TAIL]] = self._put(request)
+            cnt[P_TAIL] += 1
+            rid += 1
+
+    def take_pending(self, rid: int) -> Any | None:
+        """The request `rid` if it was made ahead (it leaves the lane), else None."""
+        if not self.pending or self.pending[0].rid != rid:
+            return None
+        request = self.pending.popleft()
+        r = int(self.lists[PEND, self.cnt[P_HEAD]])
+        self.cnt[P_HEAD] += 1
+        self.reqs[r] = None
+        self.free_rows.append(r)
+        return request
+
+    # ---- the server's lists ----------------------------------------------------------------
+
+    def load(self, active: list[Any], prefilling: list[Any], queue: deque[Any]) -> None:
+        """Take the batch, the requests in prefill and the queue from the server's lists."""
+        self._grow_rows(len(active) + len(prefilling) + len(queue) + len(self.pending) + 2 * self.server.max_batch + 1)
+        lists, cnt = self.lists, self.cnt
+        for i, request in enumerate(active):
+            lists[ACT, i] = self._put(request)
+        for j, request in enumerate(prefilling):
+            lists[PRE, j] = self._put(request)
+        cnt[N_ACT], cnt[N_PRE] = len(active), len(prefilling)
+        cnt[Q_HEAD] = cnt[Q_TAIL] = 0
+        self._queue_in(queue)
+        scheduler = self.server.scheduler
+        cnt[ADMISSIONS], cnt[MAX_RUNNING], cnt[ISSUED] = scheduler._admissions, scheduler.max_running, len(self.server.issued)
+        self.loaded = True
+
+    def _queue_in(self, queue: deque[Any]) -> None:
+        """The lane's queue moved to the front of its list, and the requests queued meanwhile in the
+        server's queue (arrivals) after it."""
+        self._grow_rows(self.rows_total - len(self.free_rows) + len(queue) + 1)
+        cnt, lists = self.cnt, self.lists
+        head, tail = int(cnt[Q_HEAD]), int(cnt[Q_TAIL])
+        lists[QUE, : tail - head] = lists[QUE, head:tail]
+        tail -= head
+        while queue:
+            lists[QUE, tail] = self._put(queue.popleft())
+            tail += 1
+        cnt[Q_HEAD], cnt[Q_TAIL] = 0, tail
+
+    def store(self, active: list[Any], prefilling: list[Any], queue: deque[Any]) -> None:
+        """Give the batch, the requests in prefill and the queue back to the server's lists."""
+        if not self.loaded:
+            return
+        lists, cnt = self.lists, self.cnt
+        active[:] = [self._get(r) for r in lists[ACT, : cnt[N_ACT]].tolist()]
+        prefilling[:] = [self._get(r) for r in lists[PRE, : cnt[N_PRE]].tolist()]
+        queued = [self._get(r) for r in lists[QUE, cnt[Q_HEAD] : cnt[Q_TAIL]].tolist()]
+        queue.extendleft(reversed(queued))
+        scheduler = self.server.scheduler
+        scheduler._admissions, scheduler.max_running = int(cnt[ADMISSIONS]), int(cnt[MAX_RUNNING])
+        if scheduler.kv is not None:
+            scheduler.kv.free = int(self.kv[0])
+        self.loaded = False
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def run(
+        self, active: list[Any], prefilling: list[Any], queue: deque[Any], clock: float, duration_us: float, most: int
+    ) -> tuple[int, int, float]:
+        """At most `most` (<= SEGMENT) iterations from `clock`: (status, iterations, clock after)."""
+        server = self.server
+        kv = server.scheduler.kv
+        if not self.loaded:
+            self.load(active, prefilling, queue)
+            if kv is not None:
+                self.kv[0] = kv.free
+        else:
+            self._queue_in(queue)
+        cost = server.cost
+        cnt = self.cnt
+        cnt[N_STEPS] = cnt[N_FIN] = 0
+        closed = bool(self.cfg[10])
+        if closed:
+            self._top_up()
+        self.issued_from = int(cnt[P_HEAD])
+        most = min(most, SEGMENT)
+        while True:
+            if self.table_mode:
+                t, dense, comm = _NO_TABLES, self.tables[0], self.tables[0]
+            else:
+                tables = cost.model.pass_tables
+                t, dense, comm = tables.arrays(), tables.dense, tables.comm
+            status, done, end = serve(
+                self.st, self.sf, self.draws, self.lists, cnt, self.cfg, self.kv, self.work, self.tables, t, dense, comm, self.experts,
+                self.region, self.scratch, self.out_f, self.out_i, self.steps, self.fin, clock, duration_us, most,
+            )  # fmt: skip
+            if done or status in (STOP, MORE):
+                break
+            if status == REFILL:
+                for r in self.lists[ACT, : cnt[N_ACT]].tolist():
+                    if self.st[DRAW_AT, r] == self.st[DRAW_LEN, r]:
+                        acceptance = self.reqs[r].acceptance
+                        acceptance.at = int(self.st[DRAW_AT, r])
+                        acceptance.refill()
+                        self._put_draws(r, acceptance)
+            elif status == TABLE:
+                cost.model.table_pass_size(int(cnt[ASKED]))
+            elif status == PREFILL:
+                target = int(self.st[TARGET, cnt[ASKED]])
+                self.prefill_costs[target] = server.cost.prefill_us(target)
+                rows = np.flatnonzero(self.st[TARGET] == target)
+                self.sf[PREFILL_COST, rows] = self.prefill_costs[target]
+            elif status == PENDING:
+                self._top_up()
+                self.issued_from = int(cnt[P_HEAD])
+            elif status == BAD_IDS:
+                raise ValueError("expert id >= n_experts, or a window outside the trace's rows")
+        if kv is not None:
+            kv.free = int(self.kv[0])
+        self.iterations += done
+        return status, done, end
+
+    def settle(self, done: int) -> tuple[list[Any], list[Any]]:
+        """After a run of `done` iterations: the requests that finished (their state given back,
+        their rows freed) and the requests issued meanwhile (arrived in a closed loop), in order."""
+        finished = [self._get(r) for r in self.fin[: self.cnt[N_FIN]].tolist()]
+        issued = [self.pending.popleft() for _ in range(int(self.cnt[P_HEAD]) - self.issued_from)]
+        for request, r in zip(issued, self.lists[PEND, self.issued_from : self.cnt[P_HEAD]].tolist(), strict=True):
+            request.arrival_us = float(self.sf[ARRIVAL, r])
+        return finished, issued
+
+    def records(self, done: int) -> tuple[list, ...]:
+        """The per-iteration and per-step records of the last run's iterations, as lists."""
+        steps = self.steps[:, : self.cnt[N_STEPS]]
+        return (*self.out_f[:, :done].tolist(), *self.out_i[:, :done].tolist(), *steps.tolist())
+
+
+_NO_REGION = np.zeros((1, 1, 1), np.int32)
+_NO_TABLES = (
+    np.zeros((1, 1), np.bool_), np.zeros(1, np.int64), np.zeros((1, 1), np.int64), np.zeros(1), 1, np.zeros((1, 16)), np.zeros((1, 1)),
+    np.zeros(1, np.int64), np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.ones(1, np.bool_),
+)  # fmt: skip
+
+
+def exact_delays(now: float, end: float) -> tuple[float, ...]:
+    """Delays whose Timeouts, one after the other, bring a SimPy clock (it adds each delay to its
+    time) from `now` exactly to `end`: one, or two where no single sum rounds to `end` (a tie
+    rounded to even past it) and the rest, end − (now + first), is exact."""
+    delay = end - now
+    while now + delay < end:
+        delay = math.nextafter(delay, math.inf)
+    while now + delay > end:
+        delay = math.nextafter(delay, -math.inf)
+    reached = now + delay
+    return (delay,) if reached == end else (delay, end - reached)

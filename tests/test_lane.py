@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from moesim.hw_profiles import family_kernel, load_profile
-from moesim.hw_profiles.catalog import catalog
+from moesim.hw_profiles.catalog import LinkSpec, catalog
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.fast_pass import pairwise_sum
@@ -157,6 +157,32 @@ def test_the_lane_writes_the_python_loops_records(case: str, kind: str) -> None:
     lane = _records(True, cost(True), scheduling, **changes)
     assert lane == _records(False, cost(False), scheduling, **changes)  # the Python loop on the numpy reference path
     assert lane == _records(True, cost(True), scheduling, **changes)  # same seed, same records
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_lane_writes_the_python_loops_records_on_random_schedules(seed: int) -> None:
+    """Random batch sizes, page pools (preemptions by recompute and by swap), chunk budgets, draft
+    lengths, prompt and output lengths, closed loops and Poisson arrivals: the lane's records are
+    the Python loop's, on a table cost and on the trace-driven cost of an engine profile."""
+    rng = np.random.default_rng(seed)
+    prompt, output, k = int(rng.integers(0, 120)), int(rng.integers(1, 90)), int(rng.integers(0, 5))
+    block = int(rng.choice([1, 4, 16]))
+    pages = -(-(prompt + output + k) // block) + int(rng.integers(0, 3 * (prompt + output + k) // block + 2))
+    max_batch = int(rng.integers(1, 9))
+    link = LinkSpec("test", "test link", 1.0, 1.0, "assumed", "a host link of 1 GB/s and 1 µs (swap preemption)")
+    preemption = str(rng.choice(["recompute", "swap"]))
+    budget = dataclasses.replace(BUDGET, pages=pages, block_tokens=block, preemption=preemption, host_link=link)
+    scheduling = Scheduling(budget if rng.integers(2) else None, bool(rng.integers(2)), max_batch * (k + 1) + int(rng.integers(0, 80)))
+    open_loop = bool(rng.integers(4) == 0)
+    arrivals = Arrivals(kind="poisson", rate_per_s=200.0) if open_loop else Arrivals(concurrency=int(rng.integers(1, 12)))
+    changes = dict(
+        policy=Static(k=k), workload=Workload(prompt_tokens=prompt, output_tokens=output), arrivals=arrivals, max_batch=max_batch,
+        requests=int(rng.integers(5, 30)), seed=int(rng.integers(0, 1000)),
+    )  # fmt: skip
+    table = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 2000)]), draft_step_us=30.0)
+    assert _records(True, table, scheduling, **changes) == _records(False, table, scheduling, **changes)
+    fast, reference = _cost("nvidia-h200-vllm", "dispatch", True), _cost("nvidia-h200-vllm", "dispatch", False)
+    assert _records(True, fast, scheduling, **changes) == _records(False, reference, scheduling, **changes)
 
 
 @pytest.mark.parametrize("case", ["whole prefills", "KV pages and chunked prefill", "MoESD slots"])

@@ -165,6 +165,8 @@ class TraceBatchCost:
         """The union of the windows (a draft tree's widths) and the chunks (see the module docstring), per
         expert-parallel rank, plus the spec path's pass_us."""
         starts, n_tokens = self._tree_windows(seqs, starts, n_tokens)
+        if not n_tokens.size and not chunks.tokens.any():
+            return 0.0  # chunks of empty prompts alone: no pass runs
         return self._ranked_us(seqs, starts, n_tokens, context_tokens, chunks)
 
     def _ranked_us(

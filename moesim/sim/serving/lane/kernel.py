@@ -128,10 +128,10 @@ def serve(
             left = budget - k_sum - n
             for j in range(n_pre):
                 r = lists[PRE, j]
+                pages[max_batch + j] = st[KV_PAGES, r]
                 if left <= 0:
                     continue
                 tokens = min(st[TARGET, r] - st[PREFILLED, r], left)
-                pages[max_batch + j] = st[KV_PAGES, r]
                 if kv_on:
                     need = -(-(st[PREFILLED, r] + tokens) // block)
                     if need > st[KV_PAGES, r]:
@@ -205,7 +205,9 @@ def serve(
                 context += first + chunk_tokens[c]
                 if not table_mode:
                     nw, nb = pieces(st[SEQ_ROW, r] + first, chunk_tokens[c], region_rows, stride, rows, lengths, nw, lo, hi, nb)
-            if table_mode:
+            if n_tokens == 0:
+                pass  # chunks of empty prompts alone: no pass runs
+            elif table_mode:
                 if n_tokens >= verify_tab.shape[0]:
                     return STOP, done, clock  # beyond the expanded table: the loop asks the cost
                 draft = draft_tab[longest] if n else 0.0

@@ -189,25 +189,29 @@ class Lane:
             self.free_rows = list(range(rows - 1, old - 1, -1)) + self.free_rows
         self.rows_total = rows
 
-    def _put(self, request: Any) -> int:
-        """A row holding the request's state (its first block of draws made if it has none)."""
-        if not self.free_rows:
-            self._grow_rows(self.rows_total + 1)
-        r = self.free_rows.pop()
-        self.reqs[r] = request
+    def _put_many(self, requests: list[Any]) -> list[int]:
+        """Rows holding the requests' state (a first block of draws made where one has none)."""
+        if not requests:
+            return []
+        if len(self.free_rows) < len(requests):
+            self._grow_rows(self.rows_total + len(requests))
+        rows = [self.free_rows.pop() for _ in requests]
+        values = [[getattr(q, name) for name in FIELDS] + [q.seq, q.rid] for q in requests]
         st, sf = self.st, self.sf
-        for f, name in enumerate(FIELDS):
-            st[f, r] = getattr(request, name)
-        st[SEQ, r] = request.seq
-        st[SEQ_ROW, r] = self.seq_starts[request.seq] if not self.table_mode else 0
-        st[RID, r] = request.rid
-        sf[ARRIVAL, r], sf[FIRST, r], sf[FINISH, r] = request.arrival_us, request.first_token_us, request.finish_us
-        sf[PREFILL_COST, r] = self.prefill_costs.get(request.prefill_target, math.nan)
-        acceptance = request.acceptance
-        if acceptance.counts.size == 0:
-            acceptance.refill()
-        self._put_draws(r, acceptance)
-        return r
+        st[: len(FIELDS), rows] = np.array(values, np.int64).T[: len(FIELDS)]
+        seqs = np.array([v[-2] for v in values], np.int64)
+        st[SEQ, rows] = seqs
+        st[SEQ_ROW, rows] = self.seq_starts[seqs] if not self.table_mode else 0
+        st[RID, rows] = [v[-1] for v in values]
+        costs = self.prefill_costs
+        sf[:, rows] = np.array([(q.arrival_us, q.first_token_us, q.finish_us, costs.get(q.prefill_target, math.nan)) for q in requests]).T
+        for r, request in zip(rows, requests, strict=True):
+            self.reqs[r] = request
+            acceptance = request.acceptance
+            if acceptance.counts.size == 0:
+                acceptance.refill()
+            self._put_draws(r, acceptance)
+        return rows
 
     def _put_draws(self, r: int, acceptance: _BlockDraws) -> None:
         counts = acceptance.counts
@@ -239,13 +243,16 @@ class Lane:
         cnt[P_TAIL] -= cnt[P_HEAD]
         lists[PEND, : cnt[P_TAIL]] = lists[PEND, cnt[P_HEAD] : cnt[P_HEAD] + cnt[P_TAIL]]
         cnt[P_HEAD] = 0
-        rid = len(server.issued) + len(self.pending)
-        while len(self.pending) < wanted and (not server.total_requests or rid < server.total_requests):
-            request = server.new_request(rid)
-            self.pending.append(request)
-            lists[PEND, cnt[P_TAIL]] = self._put(request)
-            cnt[P_TAIL] += 1
-            rid += 1
+        first = len(server.issued) + len(self.pending)
+        last = first + wanted - len(self.pending)
+        if server.total_requests:
+            last = min(last, server.total_requests)
+        if last <= first:
+            return
+        made = [server.new_request(rid) for rid in range(first, last)]
+        self.pending.extend(made)
+        lists[PEND, cnt[P_TAIL] : cnt[P_TAIL] + len(made)] = self._put_many(made)
+        cnt[P_TAIL] += len(made)
 
     def take_pending(self, rid: int) -> Any | None:
         """The request `rid` if it was made ahead (it leaves the lane), else None."""
@@ -264,10 +271,8 @@ class Lane:
         """Take the batch, the requests in prefill and the queue from the server's lists."""
         self._grow_rows(len(active) + len(prefilling) + len(queue) + len(self.pending) + 2 * self.server.max_batch + 1)
         lists, cnt = self.lists, self.cnt
-        for i, request in enumerate(active):
-            lists[ACT, i] = self._put(request)
-        for j, request in enumerate(prefilling):
-            lists[PRE, j] = self._put(request)
+        lists[ACT, : len(active)] = self._put_many(active)
+        lists[PRE, : len(prefilling)] = self._put_many(prefilling)
         cnt[N_ACT], cnt[N_PRE] = len(active), len(prefilling)
         cnt[Q_HEAD] = cnt[Q_TAIL] = 0
         self._queue_in(queue)
@@ -283,9 +288,10 @@ class Lane:
         head, tail = int(cnt[Q_HEAD]), int(cnt[Q_TAIL])
         lists[QUE, : tail - head] = lists[QUE, head:tail]
         tail -= head
-        while queue:
-            lists[QUE, tail] = self._put(queue.popleft())
-            tail += 1
+        if queue:
+            lists[QUE, tail : tail + len(queue)] = self._put_many(list(queue))
+            tail += len(queue)
+            queue.clear()
         cnt[Q_HEAD], cnt[Q_TAIL] = 0, tail
 
     def store(self, active: list[Any], prefilling: list[Any], queue: deque[Any]) -> None:

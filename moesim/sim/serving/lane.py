@@ -65,7 +65,7 @@ def _decode(  # noqa: ANN202
     cfg = k, k cap, token budget, chunked, windows, verify tokens k + 1 (1) or max(k, 1) (0), table mode, KV block tokens."""
     k_fixed, k_cap, budget, chunked, windows, extra, table_mode, block = cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7]
     verify_tab, draft_tab = tables
-    counts, features, layer_buf = scratch
+    union_buf, features, layer_buf = scratch
     done = 0
     while done < max_iters:
         for i in range(n):
@@ -110,7 +110,7 @@ def _decode(  # noqa: ANN202
         else:
             draft = 0.0
             seen = t[1][n_tokens]
-            union = count_union(experts, rows, lengths, n, region, rows[:0], rows[:0], 0, counts.shape[1] - 1, counts, features)
+            union = count_union(experts, rows, lengths, n, region, rows[:0], rows[:0], 0, union_buf, features)
             if union < 0:
                 return BAD_IDS, done, clock
             expert = expert_us(n_tokens, features, t, layer_buf)
@@ -202,7 +202,7 @@ class Lane:
         else:
             self.tables = (np.zeros(1), np.zeros(1))
             self.experts = cost.trace.experts
-            self.scratch = scratch_for(self.experts.shape[1], cost.trace.meta.geometry.experts)
+            self.scratch = scratch_for(self.experts.shape[1], cost.trace.meta.geometry.experts, cost.trace.expert_masks)
             self.seq_starts = cost.trace.seq_starts
             cost.model.pass_tables.ensure(cap * (server.k_cap + 1))
 

@@ -163,15 +163,16 @@ def bitset_union(masks, rows, lengths, n_windows, top_k, planes, group, features
         plane = planes[p]  # (of each layer) with bit p set, if any has it
         for x in range(n_words):
             hits[x] = present[x] & plane[x]
-        for layer in range(n_layers):
+        for layer in range(n_layers):  # branch-free: which layers keep bit p depends on the data
             lo = layer * n_words_layer
             found = np.uint64(0)
             for x in range(lo, lo + n_words_layer):
                 found |= hits[x]
-            if found:
-                features[1, layer] |= 1 << p
-                for x in range(lo, lo + n_words_layer):
-                    present[x] = hits[x]
+            has = np.int64(found != 0)
+            features[1, layer] |= has << p
+            keep = np.uint64(0) - np.uint64(has)
+            for x in range(lo, lo + n_words_layer):
+                present[x] = (hits[x] & keep) | (present[x] & ~keep)
     return total
 
 

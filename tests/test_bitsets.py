@@ -4,6 +4,7 @@ the masks against their definition; the fallbacks (stray or repeated ids, no mem
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 
 import numpy as np
@@ -139,6 +140,8 @@ def test_a_trace_keeps_its_masks_or_has_none(monkeypatch: pytest.MonkeyPatch) ->
     masks = trace.expert_masks
     assert masks is not None and trace.expert_masks is masks  # built once
     assert np.array_equal(masks, _masks(trace.experts, preset.experts))
+    copy = pickle.loads(pickle.dumps(trace))
+    assert "expert_masks" not in copy.__dict__ and np.array_equal(copy.expert_masks, masks)  # sent without them
     other = synthesize(preset, Sticky(keep_prob=0.3), 64, 3, 0)
     monkeypatch.setattr(moesim.machine, "available_memory_bytes", lambda: 1000)
     assert other.expert_masks is None  # would not fit: unions count ids

@@ -5,10 +5,11 @@ cost; the reference is `TraceBatchCost` through `union_pass`/`union_features` an
 
     T(pass) = min over the pass's families of Σ_layers time(U_l, M_l) + dense + fixed (+ collectives)
 
-with U_l, M_l counted from the union of the pass's windows of the trace (and, for a mixed pass,
-the prefill region's blocks), time(U, M) looked up in the per-(U, M) table of the pass size once
-the size has been costed `TABLE_AFTER_PASSES` times (`layer_time_table`, built through
-`time_us`'s ladder) and, before, computed by the families' compiled formula
+with U_l, M_l counted from the union of the pass's windows of the trace (from the trace's expert
+bitmasks, `moesim.kernels.bitsets`, where it has them; by counting ids for a mixed pass, whose
+prefill region's blocks are added as counts), time(U, M) looked up in the per-(U, M) table of
+the pass size once the size has been costed `TABLE_AFTER_PASSES` times (`layer_time_table`,
+built through `time_us`'s ladder) and, before, computed by the families' compiled formula
 (`family_kernel.element_time_us`) where every family of the pass is `ExpertFamily.compiled`,
 summed over layers in numpy's pairwise order. A family priced by its lookup ladder (not
 `compiled`) is never priced by the formula: an untabled size returns NEED_PYTHON with the

@@ -76,6 +76,10 @@ class Trace:
         masks = np.empty((n_rows + 1, n_layers, mask_words(n_experts)), np.uint64)
         return masks if fill_masks(self.experts, n_experts, masks) == MASKS_OK else None
 
+    def __getstate__(self) -> dict:
+        """Pickled without the masks (rebuilt where the trace lands, on first use)."""
+        return {name: value for name, value in self.__dict__.items() if name != "expert_masks"}
+
 
 # ---- writing --------------------------------------------------------------------------------
 

@@ -52,21 +52,27 @@ def union_planes(n_layers: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]
 @njit
 def fill_masks(experts, n_experts, masks):  # noqa: ANN201
     """masks[t, l] = the set of experts[t, l, :] as bits, masks[T] = 0; returns MASKS_OK, or
-    MASKS_STRAY (an id >= n_experts), MASKS_REPEATED (an id twice in one token's layer)."""
+    MASKS_STRAY (an id >= n_experts), MASKS_REPEATED (an id twice in one token's layer: fewer than
+    K bits set). One pass without branches: the checks are folded into two flags."""
     n_rows, n_layers, k = experts.shape
-    one = np.uint64(1)
-    masks[:] = 0
+    n_words = masks.shape[2]
+    one, last, low = np.uint64(1), np.uint64(n_words - 1), np.uint64(63)
+    masks[n_rows] = 0
+    stray = False
+    repeated = False
     for t in range(n_rows):
         for layer in range(n_layers):
+            for w in range(n_words):
+                masks[t, layer, w] = 0
             for j in range(k):
-                e = np.intp(experts[t, layer, j])
-                if e >= n_experts:
-                    return MASKS_STRAY
-                bit = one << np.uint64(e & 63)
-                if masks[t, layer, e >> 6] & bit:
-                    return MASKS_REPEATED
-                masks[t, layer, e >> 6] |= bit
-    return MASKS_OK
+                e = np.uint64(experts[t, layer, j])
+                stray |= e >= n_experts
+                masks[t, layer, min(e >> np.uint64(6), last)] |= one << (e & low)
+            bits = 0
+            for w in range(n_words):
+                bits += _popcount(masks[t, layer, w])
+            repeated |= bits != k
+    return MASKS_STRAY if stray else MASKS_REPEATED if repeated else MASKS_OK
 
 
 @njit(inline="always")

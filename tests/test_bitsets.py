@@ -130,6 +130,7 @@ def test_count_union_takes_the_masks_and_falls_back() -> None:
     repeated = experts.copy()
     repeated[60, 2, 5] = repeated[60, 2, 4]
     assert fill_masks(repeated, 128, masks) == MASKS_REPEATED
+    assert fill_masks(experts, 100, masks) == MASKS_STRAY  # ids 100..127: inside the last word, beyond E
     assert count_union(stray, rows, lengths, 3, NO_REGION, NO_BLOCKS, NO_BLOCKS, 0, without[0], without[1]) == -1
     assert count_union(stray, rows[:1], lengths[:1], 1, NO_REGION, NO_BLOCKS, NO_BLOCKS, 0, without[0], without[1]) >= 0
 

@@ -5,10 +5,11 @@ cost; the reference is `TraceBatchCost` through `union_pass`/`union_features` an
 
     T(pass) = min over the pass's families of Σ_layers time(U_l, M_l) + dense + fixed (+ collectives)
 
-with U_l, M_l counted from the union of the pass's windows of the trace (and, for a mixed pass,
-the prefill region's blocks), time(U, M) looked up in the per-(U, M) table of the pass size once
-the size has been costed `TABLE_AFTER_PASSES` times (`layer_time_table`, built through
-`time_us`'s ladder) and, before, computed by the families' compiled formula
+with U_l, M_l counted from the union of the pass's windows of the trace (from the trace's expert
+bitmasks, `moesim.kernels.bitsets`, where it has them; by counting ids for a mixed pass, whose
+prefill region's blocks are added as counts), time(U, M) looked up in the per-(U, M) table of
+the pass size once the size has been costed `TABLE_AFTER_PASSES` times (`layer_time_table`,
+built through `time_us`'s ladder) and, before, computed by the families' compiled formula
 (`family_kernel.element_time_us`) where every family of the pass is `ExpertFamily.compiled`,
 summed over layers in numpy's pairwise order. A family priced by its lookup ladder (not
 `compiled`) is never priced by the formula: an untabled size returns NEED_PYTHON with the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.hw_profiles.family_kernel import element_time_us
+from moesim.kernels.bitsets import bitset_union, empty_masks, union_planes
 from moesim.kernels.jit import njit
 
 NEED_TABLE = -1  # the pass size has been costed often enough: build its tables and call again
@@ -102,11 +104,22 @@ def pairwise_sum(a, lo, n):  # noqa: ANN201
 
 
 @njit
-def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, counts, features):  # noqa: ANN201
+def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, union, features):  # noqa: ANN201
     """features[0, l], [1, l], [2, l] = distinct experts, max tokens per expert and slots of layer l
     over windows rows[i] .. rows[i] + lengths[i] − 1 (i < n_windows) and blocks of checkpoint
-    differences (b < n_blocks); `counts` (L, E + 1) zero on entry and exit. Returns Σ_l U_l, or −1
-    for an expert id >= E."""
+    differences (b < n_blocks); `union` = (counts, masks, planes, group) of `scratch_for`. From the
+    trace's expert bitmasks (`moesim.kernels.bitsets`) when it has them and the pass has no blocks,
+    else by counting ids (`count_ids`): the same features. Returns Σ_l U_l, or −1 for an expert id >= E."""
+    counts, masks, planes, group = union
+    if n_blocks == 0 and masks.shape[0] == experts.shape[0] + 1:
+        return bitset_union(masks, rows, lengths, n_windows, experts.shape[2], planes, group, features)
+    return count_ids(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, counts.shape[1] - 1, counts, features)
+
+
+@njit
+def count_ids(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, counts, features):  # noqa: ANN201
+    """`count_union` by counting every id of the windows (and adding the blocks' counts) into
+    `counts` (L, E + 1), zero on entry and exit; an id >= E lands in column E."""
     _, n_layers, k = experts.shape
     width = counts.shape[1]
     for w in range(n_windows):
@@ -296,14 +309,13 @@ def pass_total_us(  # noqa: ANN201
 ):
     """One pass: out[0] = its time (µs), out[1] = mean distinct experts per layer; returns 0, or
     NEED_TABLE, STRAY_ID, OUTSIDE (nothing counted), NEED_PYTHON (out[1] and the features in
-    `scratch` counted, the time not). `scratch` = (counts, features, layer_buf), `region` the
-    prefill region's checkpoints."""
-    counts, features, layer_buf = scratch
+    `scratch` counted, the time not). `scratch` = (union buffers, features, layer_buf) of
+    `scratch_for`, `region` the prefill region's checkpoints."""
+    union, features, layer_buf = scratch
     for w in range(n_windows):
         if rows[w] < 0 or lengths[w] < 0 or rows[w] + lengths[w] > experts.shape[0]:
             return OUTSIDE
-    n_experts = counts.shape[1] - 1
-    distinct = count_union(experts, rows, lengths, n_windows, region, lo, hi, n_blocks, n_experts, counts, features)
+    distinct = count_union(experts, rows, lengths, n_windows, region, lo, hi, n_blocks, union, features)
     if distinct < 0:
         return STRAY_ID
     out[1] = float(distinct) / features.shape[1]
@@ -314,6 +326,9 @@ def pass_total_us(  # noqa: ANN201
     return 0
 
 
-def scratch_for(n_layers: int, n_experts: int) -> tuple[np.ndarray, ...]:
-    """The buffers `pass_total_us` reuses: counts (zero), per-layer features, per-layer times."""
-    return np.zeros((n_layers, n_experts + 1), np.int32), np.zeros((3, n_layers), np.int64), np.zeros(n_layers)
+def scratch_for(n_layers: int, n_experts: int, masks: np.ndarray | None = None) -> tuple:
+    """The buffers `pass_total_us` reuses: the union's (counts (zero), the trace's expert bitmasks
+    or none, the bit planes and a group of rows), per-layer features, per-layer times."""
+    planes, group = union_planes(n_layers, n_experts)
+    union = (np.zeros((n_layers, n_experts + 1), np.int32), masks if masks is not None else empty_masks(n_layers, n_experts), planes, group)
+    return union, np.zeros((3, n_layers), np.int64), np.zeros(n_layers)

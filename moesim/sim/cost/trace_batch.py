@@ -121,7 +121,7 @@ class TraceBatchCost:
         if self.prefill_chunk < 1:
             raise InputError(f"prefill chunk must be >= 1 token, got {self.prefill_chunk}")
         self._scratch = union_scratch(len(g.moe_layers), g.experts)
-        self._fast = scratch_for(len(g.moe_layers), g.experts)
+        self._fast = scratch_for(len(g.moe_layers), g.experts, self.trace.expert_masks if self.compiled else None)
         self._out = np.zeros(2)
         self._seq_starts = self.trace.seq_starts
         self._drafting = _Drafting(self.model, self.drafter, self.prefill_chunk, self.widths, {})

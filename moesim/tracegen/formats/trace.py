@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ import pyarrow.ipc as ipc
 
 from moesim.atomic import check_writable, protect, temporary_path
 from moesim.errors import InputError, first_line
+from moesim.kernels.bitsets import MASKS_OK, fill_masks, mask_words, masks_bytes
+from moesim.machine import check_fits
 from moesim.tracegen.formats.builtin import BUILTIN_TRACES, resolve_trace
 from moesim.tracegen.formats.schema import TraceMeta, check_groups, meta_from_schema, trace_schema
 
@@ -57,6 +60,25 @@ class Trace:
     def seq_lengths(self) -> np.ndarray:
         """Positions per sequence."""
         return np.diff(self.seq_starts)
+
+    @cached_property
+    def expert_masks(self) -> np.ndarray | None:
+        """Each token row's experts per MoE layer as bits, (T + 1, L, ceil(E / 64)) uint64 with a zero
+        last row (`moesim.kernels.bitsets`), built on first use and kept; None where they would not
+        fit in memory or cannot hold the routing (an id >= E, an id twice in one token's layer):
+        then unions count ids."""
+        n_rows, n_layers, _ = self.experts.shape
+        n_experts = self.meta.geometry.experts
+        try:
+            check_fits("the trace's expert bitmasks", masks_bytes(n_rows, n_layers, n_experts))
+        except InputError:
+            return None
+        masks = np.empty((n_rows + 1, n_layers, mask_words(n_experts)), np.uint64)
+        return masks if fill_masks(self.experts, n_experts, masks) == MASKS_OK else None
+
+    def __getstate__(self) -> dict:
+        """Pickled without the masks (rebuilt where the trace lands, on first use)."""
+        return {name: value for name, value in self.__dict__.items() if name != "expert_masks"}
 
 
 # ---- writing --------------------------------------------------------------------------------

@@ -4,11 +4,12 @@ uniforms for many keys in one compiled call, bit for bit, and each stream's PCG6
 A simulation gives every request its own stream, `np.random.default_rng([seed, tag, request_id])`;
 making that Generator (SeedSequence, PCG64, Generator objects) costs tens of microseconds, far
 more than the few hundred doubles a request draws. The algorithms, written here from numpy's
-sources (numpy 2.x; `numpy/random/bit_generator.pyx`: `_coerce_to_uint32_array`, `hashmix`,
-`mix`, `SeedSequence.mix_entropy`, `SeedSequence.generate_state`; `numpy/random/_pcg64.pyx`:
-`PCG64.__init__`; `numpy/random/src/pcg64/pcg64.h`, `pcg64.c`: `pcg_setseq_128_srandom_r`,
-`pcg_setseq_128_step_r`, `pcg_output_xsl_rr_128_64`, `pcg64_set_seed`; the double of
-`numpy/random/src/distributions`: `(next64 >> 11) · 2⁻⁵³`):
+sources (github.com/numpy/numpy: `numpy/random/bit_generator.pyx` at 0293e8ee:
+`_coerce_to_uint32_array`, `hashmix`, `mix`, `SeedSequence.mix_entropy`, `generate_state`;
+`numpy/random/_pcg64.pyx`: `PCG64.__init__`; `numpy/random/src/pcg64/pcg64.h` at 0190305d and
+`pcg64.c` at 12f02376: `pcg_setseq_128_srandom_r`, `pcg_setseq_128_step_r`,
+`pcg_output_xsl_rr_128_64`, `pcg64_set_seed`; the double: `(next64 >> 11) · 2⁻⁵³`), tested
+against numpy's own Generators (tests/test_acceptance_streams.py):
 
 1. Entropy words: each non-negative int becomes its 32-bit words, lowest first (0 is one word 0);
    the list's words are concatenated.
@@ -20,7 +21,8 @@ sources (numpy 2.x; `numpy/random/bit_generator.pyx`: `_coerce_to_uint32_array`,
    with h' = h · MULT_B carried on (h starting at INIT_B), ^= >> 16; pairs little-endian into 4
    uint64 words v0..v3.
 4. PCG64 seeding: initstate = v0·2⁶⁴ + v1, initseq = v2·2⁶⁴ + v3; inc = 2·initseq + 1 (mod 2¹²⁸),
-   state = 0, one step, state += initstate, one step.
+   state = 0, one step, state += initstate, one step (numpy's native 128-bit path; its emulated
+   one, for compilers without a 128-bit integer, carries another bit into inc's high word).
 5. Step: state = state · M + inc (mod 2¹²⁸), emulated here with 64-bit halves (the 64 × 64 → 128
    product from 32-bit pieces); output XSL-RR: rotr64(hi ^ lo, hi >> 58), drawn after each step.
 """

@@ -14,13 +14,21 @@ so the same stretch of a request has the same acceptance under every policy.
 
 Adding a model is one frozen dataclass with `@ACCEPTANCE_MODELS.register`: its fields are the
 config keys of `[acceptance]`, and `bind` returns the per-request state.
+
+`bind_many` binds many requests at once: for models whose draws are position-independent blocks
+and whose bind draws nothing first (`block_factory` is not None) the first blocks of all the
+requests come from one compiled call (`moesim.kernels.pcg`: the same uniforms as each request's
+own Generator, bit for bit) and one numpy count, and a request's Generator is made (at the
+stream's state after its first block) only if it needs a second block.
 """
 
 from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -28,6 +36,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from moesim.fields import FieldError, require
+from moesim.kernels.pcg import pcg64_state, stream_uniforms
 from moesim.registry import Registry
 from moesim.sim.analysis.speculation import tokens_per_pass
 from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, DraftTree, TreeSpec, accepted_survival
@@ -66,6 +75,11 @@ class AcceptanceModel(Protocol):
         """The request's acceptance rate where the model defines one (NaN otherwise), for the outputs."""
         ...
 
+    def block_factory(self, k_cap: int) -> BlockFactory | None:
+        """`make(rng, block_size)` of the request states, for models whose draws are position-independent
+        blocks and whose bind draws nothing before them (`bind_many` fills their first blocks in bulk); else None."""
+        ...
+
 
 ACCEPTANCE_MODELS: Registry[AcceptanceModel] = Registry("acceptance model")
 
@@ -94,16 +108,27 @@ def _uniforms(rng: np.random.Generator, size: int) -> np.ndarray:
     return 1.0 - rng.random(size)
 
 
+def _resumed_rng(state: np.ndarray) -> np.random.Generator:
+    """A Generator at a PCG64 state (4 words, `moesim.kernels.pcg`)."""
+    bit_generator = np.random.PCG64(0)  # any seed: the state is set next
+    bit_generator.state = pcg64_state(state)
+    return np.random.Generator(bit_generator)
+
+
 class _BlockDraws:
-    """Draws precomputed in blocks: `fill(rng, size)` makes the next block of counts. The block is
-    kept as a list (the Python loop's draws) and as an array (the server's compiled lane reads
-    it from `counts` and hands its place back through `at`)."""
+    """Draws precomputed in blocks: `fill(u)` turns the next block of uniforms into counts. The
+    block is kept as a list (the Python loop's draws) and as an array (the server's compiled lane
+    reads it from `counts` and hands its place back through `at`). A state bound in bulk has its
+    first block already (as an array: listed when the Python loop first draws from it) and no
+    Generator: that is made, at the stream's state after the first block, when a second one is
+    needed."""
 
-    __slots__ = ("_block", "_i", "_rng", "_size", "counts")
+    __slots__ = ("_block", "_i", "_rng", "_size", "_state", "counts")
 
-    def __init__(self, rng: np.random.Generator, size: int) -> None:
+    def __init__(self, rng: np.random.Generator | None, size: int) -> None:
         self._rng = rng
         self._size = size
+        self._state: np.ndarray | None = None
         self._block: list[int] = []
         self.counts = np.zeros(0, np.int64)
         self._i = 0
@@ -114,9 +139,27 @@ class _BlockDraws:
 
     def refill(self) -> None:
         """The next block of the stream."""
+        if self._rng is None:
+            self._rng = _resumed_rng(self._state)  # type: ignore[arg-type]
         self.counts = self.fill(_uniforms(self._rng, self._size))
         self._block = self.counts.tolist()
         self._i = 0
+
+    def _begin(self, counts: np.ndarray, state: np.ndarray) -> None:
+        """The first block (drawn in bulk) and the stream's PCG64 state after it."""
+        self.counts = counts
+        self._state = state
+
+    def _list_block(self) -> None:
+        """A block drawn in bulk (an array while the lane reads it) as the Python loop's list."""
+        if len(self._block) != self.counts.size:
+            self._block = self.counts.tolist()
+
+    def _next_block(self) -> None:
+        """The block listed (the place kept), or the next block once it is used up."""
+        self._list_block()
+        if self._i == len(self._block):
+            self.refill()
 
     @property
     def at(self) -> int:
@@ -125,21 +168,25 @@ class _BlockDraws:
 
     @at.setter
     def at(self, value: int) -> None:
+        self._list_block()
         self._i = value
 
     def draw(self, position: int) -> int:
         """The next count of the stream (position-independent models)."""
         if self._i == len(self._block):
-            self.refill()
+            self._next_block()
         i = self._i
         self._i = i + 1
         return self._block[i]
 
 
+BlockFactory = Callable[[np.random.Generator | None, int], _BlockDraws]
+
+
 class _GeometricRequest(_BlockDraws):
     __slots__ = ("_alpha", "_k_cap", "_tau")
 
-    def __init__(self, rng: np.random.Generator, size: int, alpha: float, k_cap: int) -> None:
+    def __init__(self, rng: np.random.Generator | None, size: int, alpha: float, k_cap: int) -> None:
         super().__init__(rng, size)
         self._alpha = alpha
         self._k_cap = k_cap
@@ -163,6 +210,24 @@ def _check_alpha(value: float, field: str) -> None:
 def _block_size(output_tokens: int) -> int:
     """A request of N output tokens runs at most N - 1 decode passes."""
     return max(1, min(BLOCK_DRAWS, output_tokens))
+
+
+def bind_many(
+    model: AcceptanceModel, request_ids: Sequence[int], output_tokens: Sequence[int], k_cap: int, seed: int
+) -> list[RequestAcceptance]:
+    """[model.bind(r, n, k_cap, seed) for r, n in zip(request_ids, output_tokens)], the same streams:
+    block models' first blocks drawn in one compiled call and counted in one numpy call."""
+    make = model.block_factory(k_cap)
+    if make is None or len(request_ids) == 0:
+        return [model.bind(int(r), int(n), k_cap, seed) for r, n in zip(request_ids, output_tokens, strict=True)]
+    sizes = np.clip(np.asarray(output_tokens, np.int64), 1, BLOCK_DRAWS)
+    u, offsets, states = stream_uniforms((seed, _STREAM_ACCEPTANCE), np.asarray(request_ids, np.int64), sizes)
+    requests = [make(None, size) for size in sizes.tolist()]
+    counts = requests[0].fill(u)  # the same model and cap for all: one call, elementwise
+    bounds = offsets.tolist()
+    for i, request in enumerate(requests):
+        request._begin(counts[bounds[i] : bounds[i + 1]], states[i])
+    return requests  # type: ignore[return-value]
 
 
 @ACCEPTANCE_MODELS.register
@@ -197,6 +262,12 @@ class Geometric:
         a, b = self.beta  # type: ignore[misc]
         return float(request_rng(seed, request_id).beta(a, b))
 
+    def block_factory(self, k_cap: int) -> BlockFactory | None:
+        """A fixed α's requests (a Beta α is the stream's first draw: None)."""
+        if self.alpha is None:
+            return None
+        return functools.partial(_GeometricRequest, alpha=self.alpha, k_cap=k_cap)
+
     def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
         """Geometric draws with the request's α."""
         rng = request_rng(seed, request_id)
@@ -207,10 +278,10 @@ class Geometric:
 class _SurvivalRequest(_BlockDraws):
     __slots__ = ("_survival", "_tau")
 
-    def __init__(self, rng: np.random.Generator, size: int, survival: np.ndarray) -> None:
+    def __init__(self, rng: np.random.Generator | None, size: int, survival: np.ndarray, tau: np.ndarray) -> None:
         super().__init__(rng, size)
         self._survival = survival
-        self._tau = np.concatenate([[1.0], 1.0 + np.cumsum(survival)])
+        self._tau = tau
 
     def fill(self, u: np.ndarray) -> np.ndarray:
         """A = #{i : u < S_i}."""
@@ -219,6 +290,11 @@ class _SurvivalRequest(_BlockDraws):
     def expected_tokens(self, position: int) -> np.ndarray:
         """τ(k) = 1 + Σ_{i<=k} S_i."""
         return self._tau
+
+
+def _survival_factory(survival: np.ndarray) -> BlockFactory:
+    """Survival draws with S_1..S_kcap, τ(k) = 1 + Σ_{i<=k} S_i shared by the requests."""
+    return functools.partial(_SurvivalRequest, survival=survival, tau=np.concatenate([[1.0], 1.0 + np.cumsum(survival)]))
 
 
 @ACCEPTANCE_MODELS.register
@@ -247,9 +323,13 @@ class Position:
         """No single α: NaN."""
         return math.nan
 
+    def block_factory(self, k_cap: int) -> BlockFactory:
+        """Survival draws, the same S for every request."""
+        return _survival_factory(self.survival(k_cap))
+
     def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
         """Survival draws, the same S for every request."""
-        return _SurvivalRequest(request_rng(seed, request_id), _block_size(output_tokens), self.survival(k_cap))
+        return self.block_factory(k_cap)(request_rng(seed, request_id), _block_size(output_tokens))
 
 
 @ACCEPTANCE_MODELS.register
@@ -294,9 +374,13 @@ class Tree:
         """The top candidate's α."""
         return self.alpha
 
+    def block_factory(self, k_cap: int) -> BlockFactory:
+        """Survival draws of the tree, the same S for every request."""
+        return _survival_factory(self.survival(k_cap))
+
     def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
         """Survival draws of the tree, the same S for every request."""
-        return _SurvivalRequest(request_rng(seed, request_id), _block_size(output_tokens), self.survival(k_cap))
+        return self.block_factory(k_cap)(request_rng(seed, request_id), _block_size(output_tokens))
 
 
 class _RegimeRequest:
@@ -389,6 +473,10 @@ class Regime:
         """No single α: NaN."""
         return math.nan
 
+    def block_factory(self, k_cap: int) -> None:
+        """Draws depend on the position: None."""
+        return None
+
     def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
         """Geometric draws with the α of the current phase."""
         bounds, phase_alpha = self.schedule(request_id, output_tokens, seed)
@@ -475,6 +563,10 @@ class Recorded:
     def mean_alpha(self, request_id: int, seed: int) -> float:
         """No single α: NaN."""
         return math.nan
+
+    def block_factory(self, k_cap: int) -> None:
+        """Replays, no draws: None."""
+        return None
 
     def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
         """Replays sequence request_id mod S."""

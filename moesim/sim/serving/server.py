@@ -38,7 +38,7 @@ import numpy as np
 import simpy
 
 from moesim.sim.cost.pass_table import BatchCostModel, PrefillChunks, TablePassCost
-from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance
+from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance, bind_many
 from moesim.sim.serving.lane import Lane, exact_delays
 from moesim.sim.serving.policies import Controller, Policy
 from moesim.sim.serving.scheduler import Scheduler, Scheduling
@@ -257,7 +257,16 @@ class Server:
     def new_request(self, rid: int) -> Request:
         """Request `rid` as it arrives (its arrival time is the clock's when it is issued)."""
         prompt, output = self.workload.lengths(rid)
-        request = Request(rid, self.env.now, prompt, output, self.acceptance.bind(rid, output, self.k_cap, self.seed))
+        return self._request(rid, prompt, output, self.acceptance.bind(rid, output, self.k_cap, self.seed))
+
+    def new_requests(self, rids: range) -> list[Request]:
+        """`new_request` of each of `rids`, their acceptance streams bound together (`bind_many`: the same streams)."""
+        lengths = [self.workload.lengths(rid) for rid in rids]
+        streams = bind_many(self.acceptance, rids, [output for _, output in lengths], self.k_cap, self.seed)
+        return [self._request(rid, p, o, a) for rid, (p, o), a in zip(rids, lengths, streams, strict=True)]
+
+    def _request(self, rid: int, prompt: int, output: int, acceptance: RequestAcceptance) -> Request:
+        request = Request(rid, self.env.now, prompt, output, acceptance)
         if self.windows is not None:
             request.seq, request.pos, request.pos_start, request.pos_end = self.windows.place(rid)
             request.trace_start = request.pos

@@ -131,7 +131,7 @@ class Lane:
         else:
             self.tables = (np.zeros(1), np.zeros(1))
             self.experts = cost.trace.experts
-            self.scratch = scratch_for(self.experts.shape[1], cost.trace.meta.geometry.experts)
+            self.scratch = scratch_for(self.experts.shape[1], cost.trace.meta.geometry.experts, cost.trace.expert_masks)
             self.seq_starts = cost.trace.seq_starts
             longest = cap * (server.k_cap + 1) + (scheduling.token_budget if scheduling.chunked_prefill else 0)
             cost.model.pass_tables.ensure(longest)
@@ -249,7 +249,7 @@ class Lane:
             last = min(last, server.total_requests)
         if last <= first:
             return
-        made = [server.new_request(rid) for rid in range(first, last)]
+        made = server.new_requests(range(first, last))
         self.pending.extend(made)
         lists[PEND, cnt[P_TAIL] : cnt[P_TAIL] + len(made)] = self._put_many(made)
         cnt[P_TAIL] += len(made)

@@ -376,10 +376,11 @@ class Lane:
             request.arrival_us = float(self.sf[ARRIVAL, r])
         return finished, issued
 
-    def records(self, done: int) -> tuple[list, ...]:
-        """The per-iteration and per-step records of the last run's iterations, as lists."""
-        steps = self.steps[:, : self.cnt[N_STEPS]]
-        return (*self.out_f[:, :done].tolist(), *self.out_i[:, :done].tolist(), *steps.tolist())
+    def records(self, done: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The per-iteration records (floats: start, draft, verify, distinct, prefill µs; ints: batch,
+        pages used, prefill tokens, first tokens) and per-step records (request, k, accepted) of
+        the last run's iterations (views: copy before the next run)."""
+        return self.out_f[:, :done], self.out_i[:, :done], self.steps[:, : self.cnt[N_STEPS]]
 
 
 _NO_REGION = np.zeros((1, 1, 1), np.int32)

@@ -219,18 +219,22 @@ class Lane:
         self.st[DRAW_AT, r] = acceptance.at
         self.st[DRAW_LEN, r] = counts.size
 
-    def _get(self, r: int) -> Any:
-        """The row's state back into its Request; the row freed."""
-        request = self.reqs[r]
-        row = self.st[:, r].tolist()
-        for f, name in enumerate(FIELDS):
-            setattr(request, name, row[f])
-        request.swapped = bool(row[SWAPPED])
-        request.acceptance.at = row[DRAW_AT]
-        request.first_token_us, request.finish_us = float(self.sf[FIRST, r]), float(self.sf[FINISH, r])  # (arrival: set when issued)
-        self.reqs[r] = None
-        self.free_rows.append(r)
-        return request
+    def _get_many(self, rows: list[int]) -> list[Any]:
+        """The rows' state back into their Requests; the rows freed."""
+        out = []
+        ints = self.st[:, rows].T.tolist()
+        times = self.sf[FIRST : FINISH + 1, rows].T.tolist()
+        for r, row, (first, finish) in zip(rows, ints, times, strict=True):
+            request = self.reqs[r]
+            for f, name in enumerate(FIELDS):
+                setattr(request, name, row[f])
+            request.swapped = bool(row[SWAPPED])
+            request.acceptance.at = row[DRAW_AT]
+            request.first_token_us, request.finish_us = first, finish  # (arrival: set when issued)
+            self.reqs[r] = None
+            out.append(request)
+        self.free_rows += rows
+        return out
 
     # ---- the requests made ahead (closed loop) ---------------------------------------------
 
@@ -299,9 +303,9 @@ class Lane:
         if not self.loaded:
             return
         lists, cnt = self.lists, self.cnt
-        active[:] = [self._get(r) for r in lists[ACT, : cnt[N_ACT]].tolist()]
-        prefilling[:] = [self._get(r) for r in lists[PRE, : cnt[N_PRE]].tolist()]
-        queued = [self._get(r) for r in lists[QUE, cnt[Q_HEAD] : cnt[Q_TAIL]].tolist()]
+        active[:] = self._get_many(lists[ACT, : cnt[N_ACT]].tolist())
+        prefilling[:] = self._get_many(lists[PRE, : cnt[N_PRE]].tolist())
+        queued = self._get_many(lists[QUE, cnt[Q_HEAD] : cnt[Q_TAIL]].tolist())
         queue.extendleft(reversed(queued))
         scheduler = self.server.scheduler
         scheduler._admissions, scheduler.max_running = int(cnt[ADMISSIONS]), int(cnt[MAX_RUNNING])
@@ -370,7 +374,7 @@ class Lane:
     def settle(self, done: int) -> tuple[list[Any], list[Any]]:
         """After a run of `done` iterations: the requests that finished (their state given back,
         their rows freed) and the requests issued meanwhile (arrived in a closed loop), in order."""
-        finished = [self._get(r) for r in self.fin[: self.cnt[N_FIN]].tolist()]
+        finished = self._get_many(self.fin[: self.cnt[N_FIN]].tolist())
         issued = [self.pending.popleft() for _ in range(int(self.cnt[P_HEAD]) - self.issued_from)]
         for request, r in zip(issued, self.lists[PEND, self.issued_from : self.cnt[P_HEAD]].tolist(), strict=True):
             request.arrival_us = float(self.sf[ARRIVAL, r])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,8 @@ from moesim.sim.serving.lane.kernel import (
 from moesim.sim.serving.policies import _Fixed
 
 SEGMENT = 4096  # iterations one call may run at most
+_ROW_FIELDS = attrgetter(*FIELDS, "seq", "rid")
+_ROW_TIMES = attrgetter("arrival_us", "first_token_us", "finish_us")
 
 
 def _longest_block(server: Any) -> int:
@@ -196,21 +199,24 @@ class Lane:
         if len(self.free_rows) < len(requests):
             self._grow_rows(self.rows_total + len(requests))
         rows = [self.free_rows.pop() for _ in requests]
-        values = [[getattr(q, name) for name in FIELDS] + [q.seq, q.rid] for q in requests]
+        values = np.array([_ROW_FIELDS(q) for q in requests], np.int64).T  # FIELDS, seq, rid
         st, sf = self.st, self.sf
-        st[: len(FIELDS), rows] = np.array(values, np.int64).T[: len(FIELDS)]
-        seqs = np.array([v[-2] for v in values], np.int64)
-        st[SEQ, rows] = seqs
-        st[SEQ_ROW, rows] = self.seq_starts[seqs] if not self.table_mode else 0
-        st[RID, rows] = [v[-1] for v in values]
+        st[: len(FIELDS), rows] = values[: len(FIELDS)]
+        st[SEQ, rows] = values[-2]
+        st[SEQ_ROW, rows] = self.seq_starts[values[-2]] if not self.table_mode else 0
+        st[RID, rows] = values[-1]
         costs = self.prefill_costs
-        sf[:, rows] = np.array([(q.arrival_us, q.first_token_us, q.finish_us, costs.get(q.prefill_target, math.nan)) for q in requests]).T
+        sf[:, rows] = np.array([(*_ROW_TIMES(q), costs.get(q.prefill_target, math.nan)) for q in requests]).T
+        draws = self.draws
         for r, request in zip(rows, requests, strict=True):
             self.reqs[r] = request
             acceptance = request.acceptance
             if acceptance.counts.size == 0:
                 acceptance.refill()
-            self._put_draws(r, acceptance)
+            counts = acceptance.counts
+            draws[r, : counts.size] = counts
+        st[DRAW_AT, rows] = [q.acceptance.at for q in requests]
+        st[DRAW_LEN, rows] = [q.acceptance.counts.size for q in requests]
         return rows
 
     def _put_draws(self, r: int, acceptance: _BlockDraws) -> None:

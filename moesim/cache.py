@@ -8,7 +8,7 @@ simulations, and every later run, builds them once.
   they are computed from (`content_digest`: e.g. a profile family's every field, the expert
   shape), of the cache's format and of moesim's own source files, so an edited profile or a
   changed moesim never reads an older entry; an entry (a file) is named within its group.
-- An entry is one uncompressed `.npz` file holding its arrays and its full key; zip's CRC-32
+- An entry is one `.npz` file (deflated or not) holding its arrays and its full key; zip's CRC-32
   checks every array as it is read. It is written to a temporary name and renamed into place
   (`moesim.atomic`), so a reader sees a whole entry or none. An entry that cannot be read, or
   whose key, arrays, shapes or dtypes differ from what is asked, is ignored (and rebuilt and
@@ -133,15 +133,16 @@ class CacheGroup:
             os.utime(path)  # recently used: kept longest when the cache is pruned
         return arrays
 
-    def store(self, name: str, arrays: Mapping[str, np.ndarray]) -> None:
-        """Write the entry atomically (a folder that cannot be written: one warning per process, then nothing)."""
+    def store(self, name: str, arrays: Mapping[str, np.ndarray], compress: bool = False) -> None:
+        """Write the entry atomically, deflated when `compress` (a folder that cannot be written: one
+        warning per process, then nothing)."""
         if _STATE["warned"]:
             return
         path = self.folder / f"{name}.npz"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with atomic_path(path) as tmp, tmp.open("wb") as f:
-                np.savez(f, **{KEY_ARRAY: np.array(f"{self.key}/{name}")}, **arrays)
+                (np.savez_compressed if compress else np.savez)(f, **{KEY_ARRAY: np.array(f"{self.key}/{name}")}, **arrays)
             size = path.stat().st_size
         except (OSError, InputError) as exc:
             _warn_once(self.folder, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -6,7 +6,9 @@ a sweep, its workers and later runs build each table once.
 A table is a pure function of the family's definition at the weight format (every field of the
 profile's family: its fit, knots, shape fits, bounds), the expert shape, the number of experts,
 top-k and n: that is its key, never a profile's name or path. A process keeps up to
-KEPT_BYTES of tables (the oldest dropped first); the disk keeps what `moesim.cache` bounds.
+KEPT_BYTES of tables (the oldest dropped first); the disk keeps what `moesim.cache` bounds. How
+often a size was priced without tables is counted over every model of the process (the cells of
+a sweep), so a size gets its tables after TABLE_AFTER_PASSES such passes in all.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ KIND = "layer-tables"
 KEPT_BYTES = 512 * 2**20  # tables a process keeps in memory, over all families
 _MEMORY: dict[tuple[str, int], np.ndarray] = {}
 _HELD = {"bytes": 0}
+_PRICED: dict[tuple[str, int], int] = {}  # passes of a size priced without tables, over every model of the process
 _DIGESTS: dict[int, tuple[ExpertFamily, str]] = {}  # id → (the family, kept alive so its id is not reused; its digest)
 
 
@@ -57,6 +60,11 @@ class FamilyTables:
             names = self.disk.names() if self.disk is not None else set()
             self._on_disk = {int(name[1:]) for name in names if name[:1] == "n" and name[1:].isdigit()}
         return self._on_disk | {n for key, n in _MEMORY if key == self.key}
+
+    def count_pass(self, n_tokens: int) -> int:
+        """Count one pass of this size priced without tables, by any model of the process; returns the count so far."""
+        count = _PRICED[(self.key, n_tokens)] = _PRICED.get((self.key, n_tokens), 0) + 1
+        return count
 
     def table(self, n_tokens: int, build: Callable[[], np.ndarray]) -> np.ndarray:
         """The (E + 1, n + 1) table of a pass size: from this process, else the disk, else `build()` (then kept in both)."""

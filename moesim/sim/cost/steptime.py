@@ -42,7 +42,7 @@ DENSE_KERNELS_PER_LAYER = 8
 SIGNS = (-1.0, 1.0)
 ERROR_BOX_CORNERS = tuple(itertools.product(SIGNS, SIGNS))  # (expert sign, dense sign) of each corner
 TIME_TABLES_KEPT = 256  # (family, tokens) layer-time tables the simulator's fast path keeps
-TABLE_AFTER_PASSES = 32  # a pass size gets its (U, M) tables once this many passes of it were costed
+TABLE_AFTER_PASSES = 8  # a pass size gets its (U, M) tables once this many passes of it were costed (by any model of the process)
 
 
 def check_engine(profile: HardwareProfile, engine: str) -> str:
@@ -244,16 +244,17 @@ class StepTimeModel:
 
     def counts_pass_us(self, n_tokens: int, distinct: np.ndarray, most: np.ndarray, context_tokens: float, sequences: float = 1.0) -> float:
         """`pass_time_us` from the per-layer distinct experts and max tokens per expert of a pass of
-        n tokens. A pass size seen TABLE_AFTER_PASSES times, or whose tables were built already (in
-        this process or the disk cache, `moesim.sim.cost.layer_tables`), gets tables of every (U, M)
+        n tokens. A pass size seen TABLE_AFTER_PASSES times (by any model of the process), or whose tables
+        were built already (in this process or the disk cache, `moesim.sim.cost.layer_tables`), gets tables of every (U, M)
         (`layer_time_table`) and is looked up in them; rarer sizes are evaluated per family by
         `ExpertFamily.fast_time_us` (compiled where the family allows): the same numbers either way (tested)."""
         names = self._pass_families(n_tokens)
         if (names[0], n_tokens) not in self._time_tables:
             tables = self.pass_tables
             tables.ensure(n_tokens)
-            tables.seen[n_tokens] += 1
-            if tables.seen[n_tokens] < TABLE_AFTER_PASSES:
+            passes = max(int(tables.seen[n_tokens]) + 1, self._family_tables[names[0]].count_pass(n_tokens))
+            tables.seen[n_tokens] = passes  # over every model of the process (`layer_tables`)
+            if passes < TABLE_AFTER_PASSES:
                 slots = np.full(np.shape(distinct), float(n_tokens * self.preset.top_k))
                 families, shape = self.profile.expert_families, self.expert_shape
                 k = self.preset.top_k

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
 os.environ.setdefault("COLUMNS", "200")
+os.environ["MOESIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="moesim-test-cache-")  # never the user's cache (moesim.cache)
+atexit.register(shutil.rmtree, os.environ["MOESIM_CACHE_DIR"], True)
 
 
 @pytest.fixture

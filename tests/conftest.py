@@ -24,6 +24,19 @@ os.environ["MOESIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="moesim-test-cache-")  
 atexit.register(shutil.rmtree, os.environ["MOESIM_CACHE_DIR"], True)
 
 
+@pytest.fixture(autouse=True)
+def _own_layer_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts as a new process without the disk cache: no layer tables held or cached
+    (`moesim.sim.cost.layer_tables`), so a test of the paths before a size's tables sees them
+    whatever ran before it; tests/test_cache.py turns the cache on in a folder of its own."""
+    from moesim.sim.cost import layer_tables
+
+    monkeypatch.setenv("MOESIM_CACHE", "off")
+    monkeypatch.setattr(layer_tables, "_MEMORY", {})
+    monkeypatch.setattr(layer_tables, "_HELD", {"bytes": 0})
+    monkeypatch.setattr(layer_tables, "_PRICED", {})
+
+
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
     """Run `moesim ARGS...` in-process; returns (exit code, stdout, stderr)."""

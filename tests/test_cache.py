@@ -148,7 +148,7 @@ def test_cached_layer_tables_equal_the_ladders_per_pass_prices(fresh: Path, monk
         built = {name: model.layer_time_table(name, n) for name in model.families}
         forget(monkeypatch)
         loaded = StepTimeModel(QWEN3, LAB, "best")
-        assert all(n in loaded._family_tables[name].cached_sizes() for name in model.families)
+        assert all(n in loaded._family_tables(name).cached_sizes() for name in model.families)
         for name, table in built.items():
             assert np.array_equal(loaded.layer_time_table(name, n), table)
             u = rng.integers(0, QWEN3.experts + 1, 200)

@@ -252,7 +252,7 @@ class StepTimeModel:
         if (names[0], n_tokens) not in self._time_tables:
             tables = self.pass_tables
             tables.ensure(n_tokens)
-            passes = max(int(tables.seen[n_tokens]) + 1, self._family_tables[names[0]].count_pass(n_tokens))
+            passes = max(int(tables.seen[n_tokens]) + 1, self._family_tables(names[0]).count_pass(n_tokens))
             tables.seen[n_tokens] = passes  # over every model of the process (`layer_tables`)
             if passes < TABLE_AFTER_PASSES:
                 slots = np.full(np.shape(distinct), float(n_tokens * self.preset.top_k))
@@ -281,7 +281,7 @@ class StepTimeModel:
             float(dense.time_us(0.0, 1.0, 0.0)), float(attention), self.preset.attention_flops_per_context_token() if attention else 0.0,
             float(dense.attention_us(1.0)), float(self.parallel.devices), self.profile.pass_fixed_us,
         ]  # fmt: skip
-        ready = [self._family_tables[name].cached_sizes() for name in self.families]
+        ready = [self._family_tables(name).cached_sizes() for name in self.families]
         return PassTables(kernel_params, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices, ready)
 
     def _pass_choices(self, n_max: int) -> tuple[np.ndarray, np.ndarray]:
@@ -349,7 +349,7 @@ class StepTimeModel:
                 features = RoutingFeatures(np.float64(n_tokens), np.float64(n_tokens * p.top_k), distinct, most)
                 return self.profile.expert_family(family).time_us(features, self.expert_shape)
 
-            table = self._family_tables[family].table(n_tokens, build)
+            table = self._family_tables(family).table(n_tokens, build)
             if len(self._time_tables) >= TIME_TABLES_KEPT:
                 self._time_tables.clear()
             self._time_tables[key] = table
@@ -359,11 +359,17 @@ class StepTimeModel:
     def _time_tables(self) -> dict[tuple[str, int], np.ndarray]:
         return {}
 
+    def _family_tables(self, name: str) -> FamilyTables:
+        """A family's tables, shared by every model of the process and kept on disk (`moesim.sim.cost.layer_tables`)."""
+        tables = self._tables_by_family.get(name)
+        if tables is None:
+            p = self.preset
+            tables = self._tables_by_family[name] = FamilyTables.of(self.profile.expert_family(name), self.expert_shape, p.experts, p.top_k)
+        return tables
+
     @cached_property
-    def _family_tables(self) -> dict[str, FamilyTables]:
-        """Each family's tables, shared by every model of the process and kept on disk (`moesim.sim.cost.layer_tables`)."""
-        p = self.preset
-        return {name: FamilyTables.of(self.profile.expert_family(name), self.expert_shape, p.experts, p.top_k) for name in self.families}
+    def _tables_by_family(self) -> dict[str, FamilyTables]:
+        return {}
 
     def expected_pass_cost(
         self, distributions: list[tuple[RoutingFeatures, np.ndarray]], context_tokens: float = 0.0, sequences: float = 1.0

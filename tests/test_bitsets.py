@@ -12,6 +12,7 @@ import pytest
 
 import moesim.machine
 from moesim.kernels.bitsets import MASKS_OK, MASKS_REPEATED, MASKS_STRAY, bitset_union, fill_masks, mask_words, union_planes
+from moesim.kernels.unions import PrefillRegion
 from moesim.models import load_preset
 from moesim.sim.cost.fast_pass import count_ids, count_union, scratch_for
 from moesim.tracegen.routing.synth import Sticky, synthesize
@@ -50,7 +51,7 @@ def _brute(experts: np.ndarray, rows: np.ndarray, lengths: np.ndarray) -> np.nda
 def _both(experts: np.ndarray, masks: np.ndarray, n_experts: int, rows: np.ndarray, lengths: np.ndarray) -> tuple:
     """(Σ U, features) from the bitmasks and from counting ids (today's kernel, the reference)."""
     n_layers = experts.shape[1]
-    planes, group = union_planes(n_layers, n_experts)
+    planes, group, _ = union_planes(n_layers, n_experts)
     got = np.full((3, n_layers), -7, np.int64)
     total = bitset_union(masks, rows, lengths, rows.size, experts.shape[2], planes, group, got)
     counts = np.zeros((n_layers, n_experts + 1), np.int32)
@@ -146,3 +147,108 @@ def test_a_trace_keeps_its_masks_or_has_none(monkeypatch: pytest.MonkeyPatch) ->
     other = synthesize(preset, Sticky(keep_prob=0.3), 64, 3, 0)
     monkeypatch.setattr(moesim.machine, "available_memory_bytes", lambda: 1000)
     assert other.expert_masks is None  # would not fit: unions count ids
+
+
+# Mixed passes: windows plus blocks of the prefill region's checkpoints (`bitset_union_blocks`).
+
+STRIDE = 16
+
+
+def _brute_blocks(experts: np.ndarray, rows: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """U, M, S per layer in plain Python, a block [lo, hi) being the rows lo·16 .. hi·16 − 1."""
+    block_rows = [r for b_lo, b_hi in zip(lo.tolist(), hi.tolist(), strict=True) for r in range(b_lo * STRIDE, b_hi * STRIDE)]
+    all_rows = np.concatenate([rows, np.array(block_rows, np.int64)])
+    return _brute(experts, all_rows, np.concatenate([lengths, np.ones(len(block_rows), np.int64)]))
+
+
+def _mixed(experts: np.ndarray, n_experts: int, rows: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple:
+    """(Σ U, features) of a mixed pass through the bitmasks (`count_union` with masks) and by
+    counting ids (`count_ids`, the reference), on the region of the trace's first 320 rows."""
+    n_layers = experts.shape[1]
+    region = PrefillRegion.of(experts, n_experts, max_rows=320, stride=STRIDE).checkpoints
+    union, got, _ = scratch_for(n_layers, n_experts, _masks(experts, n_experts))
+    got[:] = -7
+    total = count_union(experts, rows, lengths, rows.size, region, lo, hi, lo.size, union, got)
+    assert not union[0].any() and not union[4].any()  # the counts and the dense tally are left zero
+    counts = np.zeros((n_layers, n_experts + 1), np.int32)
+    ref = np.full((3, n_layers), -7, np.int64)
+    ref_total = count_ids(experts, rows, lengths, rows.size, region, lo, hi, lo.size, n_experts, counts, ref)
+    return (total, got), (ref_total, ref)
+
+
+@pytest.mark.parametrize(("n_experts", "k"), [(64, 8), (128, 8), (160, 6), (256, 8), (100, 6)])
+def test_random_mixed_passes_equal_the_counting_kernel(n_experts: int, k: int) -> None:
+    """Random windows (none to 40) and blocks (none to 4, empty ones too) of a 320-row region."""
+    rng = np.random.default_rng(n_experts * 7 + k)
+    experts = _routing(rng, 400, 5, n_experts, k)
+    for trial in range(60):
+        n = int(rng.integers(0, 41)) if trial % 5 else 0  # every fifth pass: blocks only
+        lengths = rng.integers(0, 9, n).astype(np.int64)
+        rows = np.array([rng.integers(0, 400 - s + 1) for s in lengths], np.int64)
+        n_blocks = int(rng.integers(0, 5))
+        lo = rng.integers(0, 21, n_blocks).astype(np.int64)
+        hi = np.array([rng.integers(a, 21) for a in lo.tolist()], np.int64)  # hi == lo: an empty block
+        (total, got), (ref_total, ref) = _mixed(experts, n_experts, rows, lengths, lo, hi)
+        assert np.array_equal(got, ref) and total == ref_total == ref[0].sum(), trial
+        if trial < 10:
+            assert np.array_equal(got, _brute_blocks(experts, rows, lengths, lo, hi)), trial
+
+
+def _routing_without(rng: np.random.Generator, n_rows: int, n_layers: int, n_experts: int, k: int, hot: int, absent: int) -> np.ndarray:
+    """Like `_routing` with expert `hot` in every token, and expert `absent` in none."""
+    ids = _routing(rng, n_rows, n_layers, n_experts - 1, k, hot=hot - (hot > absent)).astype(np.int64)
+    return (ids + (ids >= absent)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("n_experts", [64, 128, 160, 256])
+def test_the_largest_count_from_a_block_the_windows_or_both(n_experts: int) -> None:
+    """Expert a is in every token of rows 0..199 and in none after, expert b the other way round:
+    M of a long block and a few windows is a's count in the block (closed form: its rows), M of
+    a short block and many window tokens is b's count in the windows; an expert in every row
+    counts both. One window only, one block only, no block and no window."""
+    rng = np.random.default_rng(n_experts)
+    a, b = n_experts - 3, 1  # a in the last word
+    experts = np.concatenate([_routing_without(rng, 200, 4, n_experts, 8, a, b), _routing_without(rng, 200, 4, n_experts, 8, b, a)])
+    cases = {
+        "block": (np.array([210, 300]), np.array([5, 7]), np.array([0]), np.array([12]), 12 * STRIDE),
+        "windows": (np.arange(220, 320, 10), np.full(10, 10), np.array([1]), np.array([2]), 100),
+        "windows again": (np.array([250] * 30), np.array([8] * 30), np.array([0, 3]), np.array([1, 4]), 240),
+        "one window": (np.array([330]), np.array([3]), np.array([0]), np.array([0]), 3),
+        "one block": (np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([2]), np.array([9]), 7 * STRIDE),
+        "nothing": (np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([4]), np.array([4]), 0),
+    }
+    for name, (rows, lengths, lo, hi, most) in cases.items():
+        rows, lengths, lo, hi = (np.asarray(x, np.int64) for x in (rows, lengths, lo, hi))
+        (total, got), (ref_total, ref) = _mixed(experts, n_experts, rows, lengths, lo, hi)
+        assert np.array_equal(got, ref) and total == ref_total, name
+        assert np.array_equal(got, _brute_blocks(experts, rows, lengths, lo, hi)), name
+        assert got[1].tolist() == [most] * 4, name
+        assert got[2].tolist() == [8 * (int(lengths.sum()) + STRIDE * int((hi - lo).sum()))] * 4, name
+    hot = _routing(rng, 400, 4, n_experts, 8, hot=n_experts - 1)  # in every token: M = window tokens + block rows
+    both = [
+        (np.array([5, 250, 251]), np.array([4, 9, 9]), np.array([0, 10]), np.array([3, 20])),
+        (np.array([0, 0]), np.array([400, 400]), np.array([0]), np.array([20])),  # 800 window tokens: 10 planes
+    ]
+    for rows, lengths, lo, hi in both:
+        (total, got), (ref_total, ref) = _mixed(hot, n_experts, rows, lengths, lo, hi)
+        assert np.array_equal(got, ref) and total == ref_total
+        assert got[1].tolist() == [int(lengths.sum()) + STRIDE * int((hi - lo).sum())] * 4
+
+
+def test_a_prefill_chunk_through_the_masks() -> None:
+    """A decode batch plus a 512-token chunk cut by `PrefillRegion.pieces` (its partial ends as
+    windows, a block between, wrapping at the region's end): `count_union` with the trace's masks
+    equals it without them."""
+    preset = load_preset("qwen3-30b-a3b")
+    trace = synthesize(preset, Sticky(keep_prob=0.3), 600, 4, 1)
+    region = PrefillRegion.of(trace.experts, preset.experts, max_rows=1000, stride=STRIDE)
+    n_layers = trace.experts.shape[1]
+    with_masks, without = scratch_for(n_layers, preset.experts, trace.expert_masks), scratch_for(n_layers, preset.experts)
+    for first in (0, 5, 17, 700, 990):
+        starts, lengths, lows, highs = list(range(1000, 2400, 45)), [4] * 32, [], []
+        region.pieces(first, 512, (starts, lengths), (lows, highs))
+        assert lows, first  # a block in every chunk
+        args = [np.array(x, np.int64) for x in (starts, lengths)] + [len(starts), region.checkpoints]
+        args += [np.array(lows, np.int64), np.array(highs, np.int64), len(lows)]
+        totals = [count_union(trace.experts, *args, s[0], s[1]) for s in (with_masks, without)]
+        assert totals[0] == totals[1] and np.array_equal(with_masks[1], without[1]), first

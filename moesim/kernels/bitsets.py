@@ -19,6 +19,9 @@ and the OR of all planes is the union's mask.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from moesim.kernels.jit import njit
 from moesim.kernels.windows import _popcount
@@ -43,10 +46,11 @@ def empty_masks(n_layers: int, n_experts: int) -> np.ndarray:
     return np.zeros((0, n_layers, mask_words(n_experts)), np.uint64)
 
 
-def union_planes(n_layers: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
-    """The scratch `bitset_union` reuses: MAX_PLANES planes and two rows (carries, the union) of L·W words,
-    one more of L·W, and a group's rows."""
-    return np.zeros((MAX_PLANES + 2, n_layers * mask_words(n_experts)), np.uint64), np.zeros(GROUP, np.int64)
+def union_planes(n_layers: int, n_experts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scratch `bitset_union` reuses: MAX_PLANES planes and two rows (carries, the union) of L·W
+    words, a group's rows, and one layer's dense counts (64·W int32, zero) for `bitset_union_blocks`."""
+    words = mask_words(n_experts)
+    return np.zeros((MAX_PLANES + 2, n_layers * words), np.uint64), np.zeros(GROUP, np.int64), np.zeros(64 * words, np.int32)
 
 
 @njit
@@ -114,10 +118,9 @@ def _add_group(flat, group, planes, n_words, n_planes):  # noqa: ANN202
 
 
 @njit
-def bitset_union(masks, rows, lengths, n_windows, top_k, planes, group, features):  # noqa: ANN201
-    """features[0, l], [1, l], [2, l] = distinct experts, max tokens per expert and slots of layer
-    l over windows rows[i] .. rows[i] + lengths[i] − 1 (i < n_windows) of `masks` (see the module
-    docstring); `planes`, `group` from `union_planes`. Returns Σ_l U_l."""
+def _add_windows(masks, rows, lengths, n_windows, planes, group):  # noqa: ANN202
+    """The windows' tokens counted into planes 0..P−1 (zeroed first), P = max(3, bit_length(tokens));
+    returns (tokens, P)."""
     n_rows, n_layers, n_words_layer = masks.shape
     n_words = n_layers * n_words_layer
     flat = masks.reshape(n_rows, n_words)
@@ -144,6 +147,17 @@ def bitset_union(masks, rows, lengths, n_windows, top_k, planes, group, features
             t += 1
             left -= 1
         _add_group(flat, group, planes, n_words, n_planes)
+    return n_tokens, n_planes
+
+
+@njit
+def bitset_union(masks, rows, lengths, n_windows, top_k, planes, group, features):  # noqa: ANN201
+    """features[0, l], [1, l], [2, l] = distinct experts, max tokens per expert and slots of layer
+    l over windows rows[i] .. rows[i] + lengths[i] − 1 (i < n_windows) of `masks` (see the module
+    docstring); `planes`, `group` from `union_planes`. Returns Σ_l U_l."""
+    _, n_layers, n_words_layer = masks.shape
+    n_words = n_layers * n_words_layer
+    n_tokens, n_planes = _add_windows(masks, rows, lengths, n_windows, planes, group)
     slots = n_tokens * top_k
     present, hits = planes[MAX_PLANES], planes[MAX_PLANES + 1]
     present[:n_words] = planes[0, :n_words]
@@ -189,3 +203,83 @@ def _any(words, n):  # noqa: ANN202
     for x in range(n):
         found |= words[x]
     return found != 0
+
+
+@intrinsic
+def _add_counts(typingctx, tally, base, planes, column, top):  # noqa: ANN202
+    """tally[base + b] += Σ_{p <= top} (bit b of planes[p, column]) · 2^p for b < 64: the 64 experts
+    of one word read out of the planes, top down (c = 2c + bits), the 64 counts kept in a vector
+    (LLVM's <64 x i32>, the word's bits as its <64 x i1> mask: on AVX-512 a mask register and
+    vpmovm2d, elsewhere LLVM's lowering of the same operations)."""
+    if not (_is_c_array(tally, types.int32, 1) and _is_c_array(planes, types.uint64, 2)):
+        return None
+    if not all(isinstance(x, types.Integer) for x in (base, column, top)):
+        return None
+    vector = ir.VectorType(ir.IntType(32), 64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN202
+        tally_type, _, planes_type, _, _ = signature.args
+        tally_v, base_v, planes_v, column_v, top_v = (
+            context.cast(builder, v, t, types.intp) if isinstance(t, types.Integer) else v
+            for v, t in zip(args, signature.args, strict=True)
+        )
+        at = cgutils.get_item_pointer(context, builder, tally_type, context.make_array(tally_type)(context, builder, tally_v), [base_v])
+        at = builder.bitcast(at, vector.as_pointer())
+        words = context.make_array(planes_type)(context, builder, planes_v)
+        counts = cgutils.alloca_once_value(builder, ir.Constant(vector, None))
+        one = ir.Constant(top_v.type, 1)
+        n = builder.add(top_v, one)
+        with cgutils.for_range(builder, n) as loop:
+            p = builder.sub(top_v, loop.index)
+            word = builder.load(cgutils.get_item_pointer(context, builder, planes_type, words, [p, column_v]))
+            bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), 64)), vector)
+            c = builder.load(counts)
+            builder.store(builder.add(builder.add(c, c), bits), counts)
+        builder.store(builder.add(builder.load(at, align=4), builder.load(counts)), at, align=4)
+        return context.get_dummy_value()
+
+    return types.void(tally, base, planes, column, top), codegen
+
+
+def _is_c_array(t: types.Type, dtype: types.Type, ndim: int) -> bool:
+    return isinstance(t, types.Array) and t.dtype == dtype and t.ndim == ndim and t.layout == "C"
+
+
+@njit
+def bitset_union_blocks(  # noqa: ANN201
+    masks, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, planes, group, tally, features
+):
+    """`bitset_union` of the windows plus blocks of checkpoint differences (b < n_blocks): per layer
+    c_e = Σ_p bit_e(plane p)·2^p + Σ_b (checkpoints[block_hi[b], l, e] − checkpoints[block_lo[b], l, e]),
+    then U = #{c_e > 0}, M = max_e c_e, S = Σ_e c_e (as `count_ids` counts them), the c_e of a layer
+    in `tally` (64·ceil(E / 64) int32 of `union_planes`, zero on entry and exit). Returns Σ_l U_l."""
+    _, n_layers, n_words_layer = masks.shape
+    if tally.shape[0] < 64 * n_words_layer:
+        raise ValueError("tally must come from union_planes(n_layers, n_experts)")
+    _, n_planes = _add_windows(masks, rows, lengths, n_windows, planes, group)
+    total = 0
+    for layer in range(n_layers):
+        lo = layer * n_words_layer
+        top = n_planes - 1  # the highest plane with a bit of this layer
+        while top >= 0 and not _any(planes[top, lo:], n_words_layer):
+            top -= 1
+        for w in range(n_words_layer):
+            _add_counts(tally, 64 * w, planes, lo + w, top)
+        for b in range(n_blocks):
+            high, low = checkpoints[block_hi[b], layer], checkpoints[block_lo[b], layer]
+            for e in range(n_experts):
+                tally[e] += high[e] - low[e]
+        u = 0
+        m = 0
+        s = 0
+        for e in range(n_experts):
+            c = tally[e]
+            u += c > 0
+            m = max(m, c)
+            s += c
+            tally[e] = 0
+        features[0, layer] = u
+        features[1, layer] = m
+        features[2, layer] = s
+        total += u
+    return total

@@ -6,8 +6,8 @@ cost; the reference is `TraceBatchCost` through `union_pass`/`union_features` an
     T(pass) = min over the pass's families of Σ_layers time(U_l, M_l) + dense + fixed (+ collectives)
 
 with U_l, M_l counted from the union of the pass's windows of the trace (from the trace's expert
-bitmasks, `moesim.kernels.bitsets`, where it has them; by counting ids for a mixed pass, whose
-prefill region's blocks are added as counts), time(U, M) looked up in the per-(U, M) table of
+bitmasks, `moesim.kernels.bitsets`, where it has them, a mixed pass's prefill region's blocks
+added as counts; else by counting ids), time(U, M) looked up in the per-(U, M) table of
 the pass size once the size has been costed `TABLE_AFTER_PASSES` times (`layer_time_table`,
 built through `time_us`'s ladder) and, before, computed by the families' compiled formula
 (`family_kernel.element_time_us`) where every family of the pass is `ExpertFamily.compiled`,
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesim.hw_profiles.family_kernel import element_time_us
-from moesim.kernels.bitsets import bitset_union, empty_masks, union_planes
+from moesim.kernels.bitsets import bitset_union, bitset_union_blocks, empty_masks, union_planes
 from moesim.kernels.jit import njit
 
 NEED_TABLE = -1  # the pass size has been costed often enough: build its tables and call again
@@ -107,12 +107,17 @@ def pairwise_sum(a, lo, n):  # noqa: ANN201
 def count_union(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, union, features):  # noqa: ANN201
     """features[0, l], [1, l], [2, l] = distinct experts, max tokens per expert and slots of layer l
     over windows rows[i] .. rows[i] + lengths[i] − 1 (i < n_windows) and blocks of checkpoint
-    differences (b < n_blocks); `union` = (counts, masks, planes, group) of `scratch_for`. From the
-    trace's expert bitmasks (`moesim.kernels.bitsets`) when it has them and the pass has no blocks,
-    else by counting ids (`count_ids`): the same features. Returns Σ_l U_l, or −1 for an expert id >= E."""
-    counts, masks, planes, group = union
-    if n_blocks == 0 and masks.shape[0] == experts.shape[0] + 1:
-        return bitset_union(masks, rows, lengths, n_windows, experts.shape[2], planes, group, features)
+    differences (b < n_blocks); `union` = (counts, masks, planes, group, tally) of `scratch_for`. From the
+    trace's expert bitmasks (`moesim.kernels.bitsets`) when it has them (the blocks' counts added
+    to the windows' counts read out of the bit planes), else by counting ids (`count_ids`): the
+    same features. Returns Σ_l U_l, or −1 for an expert id >= E."""
+    counts, masks, planes, group, tally = union
+    if masks.shape[0] == experts.shape[0] + 1:
+        if n_blocks == 0:
+            return bitset_union(masks, rows, lengths, n_windows, experts.shape[2], planes, group, features)
+        n_experts = counts.shape[1] - 1
+        args = (masks, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, n_experts, planes, group, tally, features)
+        return bitset_union_blocks(*args)
     return count_ids(experts, rows, lengths, n_windows, checkpoints, block_lo, block_hi, n_blocks, counts.shape[1] - 1, counts, features)
 
 
@@ -343,7 +348,14 @@ def pass_total_us(  # noqa: ANN201
 
 def scratch_for(n_layers: int, n_experts: int, masks: np.ndarray | None = None) -> tuple:
     """The buffers `pass_total_us` reuses: the union's (counts (zero), the trace's expert bitmasks
-    or none, the bit planes and a group of rows), per-layer features, per-layer times."""
-    planes, group = union_planes(n_layers, n_experts)
-    union = (np.zeros((n_layers, n_experts + 1), np.int32), masks if masks is not None else empty_masks(n_layers, n_experts), planes, group)
+    or none, and `union_planes`' bit planes, group of rows and dense tally), per-layer features,
+    per-layer times."""
+    planes, group, tally = union_planes(n_layers, n_experts)
+    union = (
+        np.zeros((n_layers, n_experts + 1), np.int32),
+        masks if masks is not None else empty_masks(n_layers, n_experts),
+        planes,
+        group,
+        tally,
+    )
     return union, np.zeros((3, n_layers), np.int64), np.zeros(n_layers)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,21 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
 os.environ.setdefault("COLUMNS", "200")
+os.environ["MOESIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="moesim-test-cache-")  # never the user's cache (moesim.cache)
+atexit.register(shutil.rmtree, os.environ["MOESIM_CACHE_DIR"], True)
+
+
+@pytest.fixture(autouse=True)
+def _own_layer_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts as a new process without the disk cache: no layer tables held or cached
+    (`moesim.sim.cost.layer_tables`), so a test of the paths before a size's tables sees them
+    whatever ran before it; tests/test_cache.py turns the cache on in a folder of its own."""
+    from moesim.sim.cost import layer_tables
+
+    monkeypatch.setenv("MOESIM_CACHE", "off")
+    monkeypatch.setattr(layer_tables, "_MEMORY", {})
+    monkeypatch.setattr(layer_tables, "_HELD", {"bytes": 0})
+    monkeypatch.setattr(layer_tables, "_PRICED", {})
 
 
 @pytest.fixture

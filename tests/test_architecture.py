@@ -9,13 +9,14 @@ from pathlib import Path
 from conftest import REPO
 
 PACKAGE = REPO / "moesim"
-BASE = {"errors", "tomlfile", "atomic", "registry", "fields", "filters", "machine", "models"}
+BASE = {"errors", "tomlfile", "atomic", "cache", "registry", "fields", "filters", "machine", "models"}
 
 # What each part may import from moesim (besides itself).
 ALLOWED = {
     "errors": set(),
     "tomlfile": {"errors", "atomic"},
     "atomic": {"errors"},
+    "cache": {"errors", "atomic"},
     "registry": {"errors"},
     "fields": {"errors", "registry"},
     "filters": {"errors"},

@@ -11,11 +11,13 @@ moesim.hw_profiles.fitting.regenerate` rewrites them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from moesim.atomic import protect
 from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.hw_profiles.schema import FORMAT_VERSION, read_profile, read_sources, sources_lines
@@ -106,10 +108,37 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     `data/spec_paths.toml`, where there is one."""
     text = RENAMED_PROFILES.get(str(name_or_path), str(name_or_path))
     if text in builtin_names():
-        profile = read_profile(profiles_dir() / f"{text}.toml")
+        profile = _read_once(profiles_dir() / f"{text}.toml")
         spec = builtin_spec_paths().get(text)
         return profile if profile.speculative is not None or spec is None else with_spec_path(profile, spec)
     path = Path(text)
     if path.suffix == ".toml" or path.exists():
-        return read_profile(path)
+        return _read_once(path)
     raise InputError(f"unknown hardware profile '{text}' (built-in: {', '.join(builtin_names())}; or give a .toml path)")
+
+
+PROFILES_KEPT = 16  # parsed profiles a process keeps (a sweep's cells load the same few again and again)
+_PARSED: dict[tuple[str, str], HardwareProfile] = {}
+
+
+def _read_once(path: Path) -> HardwareProfile:
+    """`read_profile`, parsed once per process for each file content: kept by the file's resolved
+    path and the SHA-256 of its bytes (an edited file is read again)."""
+    key = _content_key(path)
+    profile = _PARSED.get(key) if key is not None else None
+    if profile is not None:
+        protect(path)  # still an input of the running command
+        return profile
+    profile = read_profile(path)  # a missing or unreadable file: its one-line error
+    if key is not None and _content_key(path) == key:  # kept only if the file did not change while read
+        if len(_PARSED) >= PROFILES_KEPT:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = profile
+    return profile
+
+
+def _content_key(path: Path) -> tuple[str, str] | None:
+    try:
+        return str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None

@@ -50,8 +50,25 @@ def _interval(knots: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return weights, inside
 
 
+MESHES_KEPT = 512  # triangulations a process keeps (one per family, shape and pass size of the knots)
+_MESHES: dict[bytes, Delaunay] = {}
+
+
+def _mesh(knots: np.ndarray) -> Delaunay:
+    """The Delaunay triangulation of the knots, built once per process for each set of knots (the
+    same knots give the same triangulation: a pass priced again reuses it)."""
+    key = np.ascontiguousarray(knots).tobytes() + repr(knots.shape).encode()
+    mesh = _MESHES.get(key)
+    if mesh is None:
+        mesh = Delaunay(knots)
+        if len(_MESHES) >= MESHES_KEPT:
+            _MESHES.pop(next(iter(_MESHES)))
+        _MESHES[key] = mesh
+    return mesh
+
+
 def _triangles(knots: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mesh = Delaunay(knots)
+    mesh = _mesh(knots)
     simplex = mesh.find_simplex(query, tol=TOLERANCE)
     inside = simplex >= 0
     weights = np.zeros((query.shape[0], knots.shape[0]))

@@ -224,7 +224,16 @@ class PassTables:
     families it may take and how often it was costed, the per-(U, M) tables in one flat buffer,
     the families' compiled parameters, the dense terms and the collectives per pass size."""
 
-    def __init__(self, families: list[tuple[np.ndarray, ...] | None], dense: np.ndarray, top_k: int, after: int, resolve: object) -> None:
+    def __init__(
+        self,
+        families: list[tuple[np.ndarray, ...] | None],
+        dense: np.ndarray,
+        top_k: int,
+        after: int,
+        resolve: object,
+        ready: list[set[int]] | None = None,
+    ) -> None:
+        self.ready = ready or [set() for _ in families]  # per family: sizes whose tables are built already (tabled at their first pass)
         self.compiled = np.array([f is not None for f in families], np.bool_)  # None: priced by its ladder, not the formula
         families = [f if f is not None else _NO_PARAMS for f in families]
         self.n_families = len(families)
@@ -254,6 +263,12 @@ class PassTables:
         grown = max(n_max + 1, 2 * size)
         self.select, self.comm = self._resolve(grown - 1)  # type: ignore[operator]
         self.seen = np.concatenate([self.seen, np.zeros(grown - size, np.int64)])
+        if any(self.ready):
+            built = np.zeros((grown, self.n_families), np.bool_)
+            for f, sizes in enumerate(self.ready):
+                built[[n for n in sizes if n < grown], f] = True
+            ready = np.flatnonzero((built | ~self.select[:grown]).all(axis=1)[size:]) + size
+            self.seen[ready] = self.after - 1  # their next pass asks for their tables
         self.offsets = np.concatenate([self.offsets, np.full((self.n_families, grown - size), -1, np.int64)], axis=1)
 
     def families_of(self, n_tokens: int) -> np.ndarray:

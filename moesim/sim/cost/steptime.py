@@ -30,6 +30,7 @@ from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import ExpertShape, ModelPreset
 from moesim.sim.cost.fast_pass import PassTables
+from moesim.sim.cost.layer_tables import FamilyTables
 from moesim.sim.cost.parallel import Parallelism
 
 BEST = "best"
@@ -41,7 +42,7 @@ DENSE_KERNELS_PER_LAYER = 8
 SIGNS = (-1.0, 1.0)
 ERROR_BOX_CORNERS = tuple(itertools.product(SIGNS, SIGNS))  # (expert sign, dense sign) of each corner
 TIME_TABLES_KEPT = 256  # (family, tokens) layer-time tables the simulator's fast path keeps
-TABLE_AFTER_PASSES = 32  # a pass size gets its (U, M) tables once this many passes of it were costed
+TABLE_AFTER_PASSES = 8  # a pass size gets its (U, M) tables once this many passes of it were costed (by any model of the process)
 
 
 def check_engine(profile: HardwareProfile, engine: str) -> str:
@@ -243,15 +244,17 @@ class StepTimeModel:
 
     def counts_pass_us(self, n_tokens: int, distinct: np.ndarray, most: np.ndarray, context_tokens: float, sequences: float = 1.0) -> float:
         """`pass_time_us` from the per-layer distinct experts and max tokens per expert of a pass of
-        n tokens. A pass size seen TABLE_AFTER_PASSES times gets tables of every (U, M)
+        n tokens. A pass size seen TABLE_AFTER_PASSES times (by any model of the process), or whose tables
+        were built already (in this process or the disk cache, `moesim.sim.cost.layer_tables`), gets tables of every (U, M)
         (`layer_time_table`) and is looked up in them; rarer sizes are evaluated per family by
         `ExpertFamily.fast_time_us` (compiled where the family allows): the same numbers either way (tested)."""
         names = self._pass_families(n_tokens)
         if (names[0], n_tokens) not in self._time_tables:
             tables = self.pass_tables
             tables.ensure(n_tokens)
-            tables.seen[n_tokens] += 1
-            if tables.seen[n_tokens] < TABLE_AFTER_PASSES:
+            passes = max(int(tables.seen[n_tokens]) + 1, self._family_tables(names[0]).count_pass(n_tokens))
+            tables.seen[n_tokens] = passes  # over every model of the process (`layer_tables`)
+            if passes < TABLE_AFTER_PASSES:
                 slots = np.full(np.shape(distinct), float(n_tokens * self.preset.top_k))
                 families, shape = self.profile.expert_families, self.expert_shape
                 k = self.preset.top_k
@@ -278,7 +281,8 @@ class StepTimeModel:
             float(dense.time_us(0.0, 1.0, 0.0)), float(attention), self.preset.attention_flops_per_context_token() if attention else 0.0,
             float(dense.attention_us(1.0)), float(self.parallel.devices), self.profile.pass_fixed_us,
         ]  # fmt: skip
-        return PassTables(kernel_params, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices)
+        ready = [self._family_tables(name).cached_sizes() for name in self.families]
+        return PassTables(kernel_params, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices, ready)
 
     def _pass_choices(self, n_max: int) -> tuple[np.ndarray, np.ndarray]:
         """Per pass size 0..n_max: which of `families` it may take, and its collectives (µs)."""
@@ -338,10 +342,14 @@ class StepTimeModel:
         table = self._time_tables.get(key)
         if table is None:
             p = self.preset
-            distinct = np.arange(p.experts + 1, dtype=np.float64)[:, None]
-            most = np.arange(n_tokens + 1, dtype=np.float64)[None, :]
-            features = RoutingFeatures(np.float64(n_tokens), np.float64(n_tokens * p.top_k), distinct, most)
-            table = self.profile.expert_family(family).time_us(features, self.expert_shape)
+
+            def build() -> np.ndarray:
+                distinct = np.arange(p.experts + 1, dtype=np.float64)[:, None]
+                most = np.arange(n_tokens + 1, dtype=np.float64)[None, :]
+                features = RoutingFeatures(np.float64(n_tokens), np.float64(n_tokens * p.top_k), distinct, most)
+                return self.profile.expert_family(family).time_us(features, self.expert_shape)
+
+            table = self._family_tables(family).table(n_tokens, build)
             if len(self._time_tables) >= TIME_TABLES_KEPT:
                 self._time_tables.clear()
             self._time_tables[key] = table
@@ -349,6 +357,18 @@ class StepTimeModel:
 
     @cached_property
     def _time_tables(self) -> dict[tuple[str, int], np.ndarray]:
+        return {}
+
+    def _family_tables(self, name: str) -> FamilyTables:
+        """A family's tables, shared by every model of the process and kept on disk (`moesim.sim.cost.layer_tables`)."""
+        tables = self._tables_by_family.get(name)
+        if tables is None:
+            p = self.preset
+            tables = self._tables_by_family[name] = FamilyTables.of(self.profile.expert_family(name), self.expert_shape, p.experts, p.top_k)
+        return tables
+
+    @cached_property
+    def _tables_by_family(self) -> dict[str, FamilyTables]:
         return {}
 
     def expected_pass_cost(

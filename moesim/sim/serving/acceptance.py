@@ -168,12 +168,11 @@ class _BlockDraws:
 
     @at.setter
     def at(self, value: int) -> None:
-        self._list_block()
-        self._i = value
+        self._i = value  # a block drawn in bulk is listed at the next draw
 
     def draw(self, position: int) -> int:
         """The next count of the stream (position-independent models)."""
-        if self._i == len(self._block):
+        if self._i >= len(self._block):  # used up, or drawn in bulk and not listed yet
             self._next_block()
         i = self._i
         self._i = i + 1

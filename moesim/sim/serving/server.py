@@ -41,6 +41,7 @@ from moesim.sim.cost.pass_table import BatchCostModel, PrefillChunks, TablePassC
 from moesim.sim.serving.acceptance import AcceptanceModel, RequestAcceptance, bind_many
 from moesim.sim.serving.lane import Lane, exact_delays
 from moesim.sim.serving.policies import Controller, Policy
+from moesim.sim.serving.records import Records
 from moesim.sim.serving.scheduler import Scheduler, Scheduling
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
 
@@ -241,6 +242,7 @@ class Server:
         self.queue: deque[Request] = deque()
         self.scheduler = Scheduler(self.scheduling, self.queue, max_batch)
         self.issued: list[Request] = []
+        self.records = Records()
         self.completed = 0
         self._wake: simpy.Event | None = None
         self.lane = Lane.of(self) if lane else None  # the compiled decode lane (None: the Python loop only)
@@ -318,13 +320,14 @@ class Server:
         no_admissions: tuple[Request, ...] = ()
         active: list[Request] = []
         prefilling: list[Request] = []  # chunked prefill: admitted, prompt not yet done
-        rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = self._it = ([], [], [], [], [])
-        self._ext = ([], [], [], [])  # prefill tokens, pages used, preempted, swap µs
-        rec_prefill_tokens, rec_pages, rec_preempted, rec_swap = self._ext
+        records = self.records
+        lists = records.lists
+        rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = (lists[c] for c in ("start", "draft", "verify", "batch", "distinct"))
+        rec_prefill_tokens, rec_pages, rec_preempted, rec_swap = (lists[c] for c in ("prefill_tokens", "pages", "preempted", "swap"))
         # a cost model that counts the verify pass's routing says so after each call (`last_distinct_experts`)
         reports = self.cost if hasattr(self.cost, "last_distinct_experts") else None
-        rec_admit_at, rec_prefill, rec_admitted = self._admissions = ([], [], [])  # sparse: iterations that prefilled
-        step_request, step_k, step_acc = self._steps = ([], [], [])
+        rec_admit_at, rec_prefill, rec_admitted = records.admit_at, records.prefill, records.admitted  # sparse: iterations that prefilled
+        step_request, step_k, step_acc = lists["step_request"], lists["step_k"], lists["step_acc"]
         progress = self.progress
         countdown = PROGRESS_EVERY
         clock = env.now
@@ -427,7 +430,7 @@ class Server:
                 resumed += plan.resumed
             first_tokens = len(admitted)
             if first_tokens or prefill_us:
-                rec_admit_at.append(len(rec_draft))
+                rec_admit_at.append(records.flushed + len(rec_draft))
                 rec_prefill.append(prefill_us)
                 rec_admitted.append(first_tokens)
             rec_draft.append(draft_us)
@@ -479,31 +482,15 @@ class Server:
                     progress(self._done_fraction())
 
     def _lane_records(self, lane: Lane, done: int) -> None:
-        """Append the lane's last iterations to the records (as the loop appends its own)."""
-        start, draft, verify, distinct, prefill, batch, pages, prefill_tokens, first, rids, ks, accepted = lane.records(done)
-        rec_start, rec_draft, rec_verify, rec_batch, rec_distinct = self._it
-        rec_admit_at, rec_prefill, rec_admitted = self._admissions
-        base = len(rec_draft)
-        for i in range(done):
-            if first[i] or prefill[i]:
-                rec_admit_at.append(base + i)
-                rec_prefill.append(prefill[i])
-                rec_admitted.append(first[i])
-        rec_start += start
-        rec_draft += draft
-        rec_verify += verify
-        rec_batch += batch
-        rec_distinct += distinct
+        """Add the lane's last iterations to the records (after the loop's own)."""
+        f, i, steps = lane.records(done)
+        first, prefill = i[3], f[4]
+        admissions = np.flatnonzero((first != 0) | (prefill != 0.0))
+        columns = {"start": f[0], "draft": f[1], "verify": f[2], "distinct": f[3], "batch": i[0]}
         if self.scheduling.extended:
-            rec_prefill_tokens, rec_pages, rec_preempted, rec_swap = self._ext
-            rec_prefill_tokens += prefill_tokens
-            rec_pages += pages
-            rec_preempted += [0] * done
-            rec_swap += [0.0] * done
-        step_request, step_k, step_acc = self._steps
-        step_request += rids
-        step_k += ks
-        step_acc += accepted
+            columns |= {"prefill_tokens": i[2], "pages": i[1], "preempted": np.zeros(done), "swap": np.zeros(done)}
+        columns |= {"step_request": steps[0], "step_k": steps[1], "step_acc": steps[2]}
+        self.records.add(columns, admissions, prefill[admissions], first[admissions])
 
     def _finish(self, request: Request, now: float, closed: bool) -> None:
         request.finish_us = now
@@ -538,26 +525,24 @@ class Server:
     def _record(self) -> ServerRecord:
         if self.lane is not None:
             self.lane.store([], [], deque())  # the requests' state back (the lists are no longer needed)
-        start, draft, verify, batch, distinct = self._it
-        admit_at, prefill_sparse, admitted_sparse = self._admissions
-        step_request, step_k, step_acc = self._steps
-        n_iter = len(draft)  # an iteration cut by the duration has a start but no end
+        records = self.records
+        n_iter = records.iterations()  # an iteration cut by the duration has a start but no end
         prefill = np.zeros(n_iter)
         admitted = np.zeros(n_iter, np.int64)
-        prefill[admit_at] = prefill_sparse
-        admitted[admit_at] = admitted_sparse
+        prefill[records.admit_at] = records.prefill
+        admitted[records.admit_at] = records.admitted
         return ServerRecord(
             end_us=float(self.env.now),
-            start_us=np.asarray(start[:n_iter], np.float64),
+            start_us=records.column("start")[:n_iter],
             prefill_us=prefill,
-            draft_us=np.asarray(draft, np.float64),
-            verify_us=np.asarray(verify, np.float64),
-            batch=np.asarray(batch, np.int64),
+            draft_us=records.column("draft"),
+            verify_us=records.column("verify"),
+            batch=records.column("batch"),
             admitted=admitted,
-            distinct_experts=np.asarray(distinct[:n_iter], np.float64),
-            step_request=np.asarray(step_request, np.int64),
-            step_draft_len=np.asarray(step_k, np.int64),
-            step_accepted=np.asarray(step_acc, np.int64),
+            distinct_experts=records.column("distinct")[:n_iter],
+            step_request=records.column("step_request"),
+            step_draft_len=records.column("step_k"),
+            step_accepted=records.column("step_acc"),
             requests=self.issued,
             **self._extended_record(n_iter),
         )
@@ -566,13 +551,13 @@ class Server:
         """The per-iteration columns and summary figures of memory and chunked prefill (none when both are off)."""
         if not self.scheduling.extended:
             return {}
-        prefill_tokens, pages, preempted, swap = (np.asarray(column[:n_iter]) for column in self._ext)
-        out: dict[str, Any] = {"prefill_tokens": prefill_tokens.astype(np.int64), "preempted": preempted.astype(np.int64)}
+        prefill_tokens, pages, preempted, swap = (self.records.column(c)[:n_iter] for c in ("prefill_tokens", "pages", "preempted", "swap"))
+        out: dict[str, Any] = {"prefill_tokens": prefill_tokens, "preempted": preempted}
         kv = self.scheduler.kv
         if kv is not None:
-            out["kv_pages_used"] = pages.astype(np.int64)
+            out["kv_pages_used"] = pages
             out["kv_pages_free"] = kv.capacity - out["kv_pages_used"]
-            out["swap_us"] = swap.astype(np.float64)
+            out["swap_us"] = swap
             longest = max(p + o for p, o in zip(self.workload.prompts, self.workload.outputs, strict=True)) + self.k_cap
             out["memory"] = self.scheduler.describe(longest)
         return out

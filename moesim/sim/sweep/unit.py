@@ -11,8 +11,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from moesim.cache import content_digest, group
 from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.reuse import group_features
+from moesim.kernels.reuse import DEFAULT_TILES, group_features
 from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.sim.analysis.best_draft import draft_costs_us
 from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, win_window
@@ -54,7 +55,7 @@ def pass_distributions(
     """Per-layer feature distributions of passes of B·n tokens, n = 1..max_tokens (B sequences, n
     each), and the mean distinct experts per layer. B = 1: every window of the trace, exactly;
     B > 1: the unions of up to `max_batches` lockstep batches of B lanes, each (batch, layer) equally likely."""
-    experts, starts, n_experts = trace.experts, trace.seq_starts, trace.meta.geometry.experts
+    starts = trace.seq_starts
     if batch == 1:
         sizes = np.arange(1, max_tokens + 1)
         distributions = window_distributions(trace, sizes)
@@ -62,7 +63,7 @@ def pass_distributions(
     lanes = batch_lanes(starts, batch)
     distributions, distinct = [], []
     for n in range(1, max_tokens + 1):
-        f = group_features(experts, n_experts, *batch_windows(lanes, n, max_batches))
+        f = cached_group_features(trace, *batch_windows(lanes, n, max_batches))
         flat = RoutingFeatures(
             f.n_tokens.ravel(), f.slots.ravel(), f.distinct_experts.ravel(), f.max_tokens_per_expert.ravel(),
             f.reread_histogram.reshape(-1, f.reread_histogram.shape[-1]), {t: r.ravel() for t, r in f.chunk_reads.items()},
@@ -70,6 +71,41 @@ def pass_distributions(
         distributions.append((flat, np.full(flat.shape, 1.0 / flat.shape[0])))
         distinct.append(float(f.distinct_experts.mean()))
     return distributions, np.asarray(distinct)
+
+
+WINDOW_FEATURES = "window-features"  # the disk cache's kind of `cached_group_features` entries
+_TRACE_DIGESTS: dict[int, tuple[np.ndarray, str]] = {}  # id of a trace's ids → (the array, kept alive; its content digest)
+
+
+def _trace_digest(trace: Trace) -> str:
+    experts = trace.experts
+    entry = _TRACE_DIGESTS.get(id(experts))
+    if entry is None or entry[0] is not experts:
+        if len(_TRACE_DIGESTS) >= 8:
+            _TRACE_DIGESTS.clear()
+        entry = _TRACE_DIGESTS[id(experts)] = (experts, content_digest(experts, trace.seq_starts, trace.meta.geometry.experts))
+    return entry[1]
+
+
+def cached_group_features(trace: Trace, offsets: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> RoutingFeatures:
+    """`group_features` of groups of windows of the trace, through the disk cache (`moesim.cache`):
+    keyed by the content of the trace's expert ids and of the windows, built once per cache."""
+    experts, n_experts = trace.experts, trace.meta.geometry.experts
+    disk = group(WINDOW_FEATURES, _trace_digest(trace), offsets, starts, lengths)
+    grid, f8 = (offsets.size - 1, experts.shape[1]), np.dtype(np.float64)
+    names = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert")
+    shapes = {**{name: (grid, f8) for name in names}, "reread_histogram": ((*grid, n_experts + 1), f8)}
+    shapes |= {f"chunk_reads_{t}": (grid, f8) for t in DEFAULT_TILES}
+    arrays = disk.load("features", shapes) if disk is not None else None
+    if arrays is not None:
+        reads = {t: arrays[f"chunk_reads_{t}"] for t in DEFAULT_TILES}
+        return RoutingFeatures(*(arrays[name] for name in names), arrays["reread_histogram"], reads)
+    f = group_features(experts, n_experts, offsets, starts, lengths)
+    if disk is not None:
+        built = {name: np.asarray(getattr(f, name), np.float64) for name in (*names, "reread_histogram")}
+        reads = {f"chunk_reads_{t}": np.asarray(r, np.float64) for t, r in (f.chunk_reads or {}).items()}
+        disk.store("features", built | reads, compress=True)  # mostly zeros: the histogram's long distances
+    return f
 
 
 def _pass_rows(

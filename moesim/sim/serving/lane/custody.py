@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,8 @@ from moesim.sim.serving.lane.kernel import (
 from moesim.sim.serving.policies import _Fixed
 
 SEGMENT = 4096  # iterations one call may run at most
+_ROW_FIELDS = attrgetter(*FIELDS, "seq", "rid")
+_ROW_TIMES = attrgetter("arrival_us", "first_token_us", "finish_us")
 
 
 def _longest_block(server: Any) -> int:
@@ -196,21 +199,24 @@ class Lane:
         if len(self.free_rows) < len(requests):
             self._grow_rows(self.rows_total + len(requests))
         rows = [self.free_rows.pop() for _ in requests]
-        values = [[getattr(q, name) for name in FIELDS] + [q.seq, q.rid] for q in requests]
+        values = np.array([_ROW_FIELDS(q) for q in requests], np.int64).T  # FIELDS, seq, rid
         st, sf = self.st, self.sf
-        st[: len(FIELDS), rows] = np.array(values, np.int64).T[: len(FIELDS)]
-        seqs = np.array([v[-2] for v in values], np.int64)
-        st[SEQ, rows] = seqs
-        st[SEQ_ROW, rows] = self.seq_starts[seqs] if not self.table_mode else 0
-        st[RID, rows] = [v[-1] for v in values]
+        st[: len(FIELDS), rows] = values[: len(FIELDS)]
+        st[SEQ, rows] = values[-2]
+        st[SEQ_ROW, rows] = self.seq_starts[values[-2]] if not self.table_mode else 0
+        st[RID, rows] = values[-1]
         costs = self.prefill_costs
-        sf[:, rows] = np.array([(q.arrival_us, q.first_token_us, q.finish_us, costs.get(q.prefill_target, math.nan)) for q in requests]).T
+        sf[:, rows] = np.array([(*_ROW_TIMES(q), costs.get(q.prefill_target, math.nan)) for q in requests]).T
+        draws = self.draws
         for r, request in zip(rows, requests, strict=True):
             self.reqs[r] = request
             acceptance = request.acceptance
             if acceptance.counts.size == 0:
                 acceptance.refill()
-            self._put_draws(r, acceptance)
+            counts = acceptance.counts
+            draws[r, : counts.size] = counts
+        st[DRAW_AT, rows] = [q.acceptance.at for q in requests]
+        st[DRAW_LEN, rows] = [q.acceptance.counts.size for q in requests]
         return rows
 
     def _put_draws(self, r: int, acceptance: _BlockDraws) -> None:
@@ -219,18 +225,22 @@ class Lane:
         self.st[DRAW_AT, r] = acceptance.at
         self.st[DRAW_LEN, r] = counts.size
 
-    def _get(self, r: int) -> Any:
-        """The row's state back into its Request; the row freed."""
-        request = self.reqs[r]
-        row = self.st[:, r].tolist()
-        for f, name in enumerate(FIELDS):
-            setattr(request, name, row[f])
-        request.swapped = bool(row[SWAPPED])
-        request.acceptance.at = row[DRAW_AT]
-        request.first_token_us, request.finish_us = float(self.sf[FIRST, r]), float(self.sf[FINISH, r])  # (arrival: set when issued)
-        self.reqs[r] = None
-        self.free_rows.append(r)
-        return request
+    def _get_many(self, rows: list[int]) -> list[Any]:
+        """The rows' state back into their Requests; the rows freed."""
+        out = []
+        ints = self.st[:, rows].T.tolist()
+        times = self.sf[FIRST : FINISH + 1, rows].T.tolist()
+        for r, row, (first, finish) in zip(rows, ints, times, strict=True):
+            request = self.reqs[r]
+            for f, name in enumerate(FIELDS):
+                setattr(request, name, row[f])
+            request.swapped = bool(row[SWAPPED])
+            request.acceptance.at = row[DRAW_AT]
+            request.first_token_us, request.finish_us = first, finish  # (arrival: set when issued)
+            self.reqs[r] = None
+            out.append(request)
+        self.free_rows += rows
+        return out
 
     # ---- the requests made ahead (closed loop) ---------------------------------------------
 
@@ -299,9 +309,9 @@ class Lane:
         if not self.loaded:
             return
         lists, cnt = self.lists, self.cnt
-        active[:] = [self._get(r) for r in lists[ACT, : cnt[N_ACT]].tolist()]
-        prefilling[:] = [self._get(r) for r in lists[PRE, : cnt[N_PRE]].tolist()]
-        queued = [self._get(r) for r in lists[QUE, cnt[Q_HEAD] : cnt[Q_TAIL]].tolist()]
+        active[:] = self._get_many(lists[ACT, : cnt[N_ACT]].tolist())
+        prefilling[:] = self._get_many(lists[PRE, : cnt[N_PRE]].tolist())
+        queued = self._get_many(lists[QUE, cnt[Q_HEAD] : cnt[Q_TAIL]].tolist())
         queue.extendleft(reversed(queued))
         scheduler = self.server.scheduler
         scheduler._admissions, scheduler.max_running = int(cnt[ADMISSIONS]), int(cnt[MAX_RUNNING])
@@ -370,16 +380,17 @@ class Lane:
     def settle(self, done: int) -> tuple[list[Any], list[Any]]:
         """After a run of `done` iterations: the requests that finished (their state given back,
         their rows freed) and the requests issued meanwhile (arrived in a closed loop), in order."""
-        finished = [self._get(r) for r in self.fin[: self.cnt[N_FIN]].tolist()]
+        finished = self._get_many(self.fin[: self.cnt[N_FIN]].tolist())
         issued = [self.pending.popleft() for _ in range(int(self.cnt[P_HEAD]) - self.issued_from)]
         for request, r in zip(issued, self.lists[PEND, self.issued_from : self.cnt[P_HEAD]].tolist(), strict=True):
             request.arrival_us = float(self.sf[ARRIVAL, r])
         return finished, issued
 
-    def records(self, done: int) -> tuple[list, ...]:
-        """The per-iteration and per-step records of the last run's iterations, as lists."""
-        steps = self.steps[:, : self.cnt[N_STEPS]]
-        return (*self.out_f[:, :done].tolist(), *self.out_i[:, :done].tolist(), *steps.tolist())
+    def records(self, done: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The per-iteration records (floats: start, draft, verify, distinct, prefill µs; ints: batch,
+        pages used, prefill tokens, first tokens) and per-step records (request, k, accepted) of
+        the last run's iterations (views: copy before the next run)."""
+        return self.out_f[:, :done], self.out_i[:, :done], self.steps[:, : self.cnt[N_STEPS]]
 
 
 _NO_REGION = np.zeros((1, 1, 1), np.int32)

@@ -22,7 +22,7 @@
 
     .venv/bin/python bench/bench_simulate.py [--passes N] [--iterations N]
 
-Times are CPU time of this process (`time.process_time`, best of --repeats runs), so other
+Times are CPU time of this process (`time.process_time`, best of --repeats runs, 5 by default), so other
 processes on a shared machine disturb them less. Prints one line per measurement; the last
 line is `passes_per_s: X` (the engine, case 1).
 """
@@ -225,7 +225,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", type=int, default=300_000)
     parser.add_argument("--iterations", type=int, default=3_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     repeats = args.repeats
 

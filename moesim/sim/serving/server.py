@@ -22,8 +22,11 @@ costs at least that many draft steps per iteration; under `moesd_slots` a verify
 costed at max(k, 1) tokens instead of k + 1.
 
 Arrivals are a second process only for Poisson arrivals. Costs come from a `BatchCostModel`;
-a `TablePassCost` is expanded into lookup lists before the loop starts. Everything the outputs
-need is appended to flat lists (no per-iteration allocation beyond them).
+a `TablePassCost` is expanded into lookup lists before the loop starts. Where the run allows it
+(a fixed draft length, block acceptance draws, a table or one-device trace cost, a free drafter),
+the compiled lane (`moesim.sim.serving.lane`) runs the iterations and this loop, the reference,
+takes only those the lane hands back. Everything the outputs need goes into `Records` (lists
+here, array segments from the lane; no per-iteration allocation beyond them).
 """
 
 from __future__ import annotations

@@ -80,6 +80,7 @@ from moesim.sim.serving.lane.kernel import (
 from moesim.sim.serving.policies import _Fixed
 
 SEGMENT = 4096  # iterations one call may run at most
+STEPS_KEPT = 1 << 20  # per-step records one call may write (the batch size divides them into iterations)
 _ROW_FIELDS = attrgetter(*FIELDS, "seq", "rid")
 _ROW_TIMES = attrgetter("arrival_us", "first_token_us", "finish_us")
 
@@ -112,10 +113,11 @@ class Lane:
             np.zeros(2 * cap + 2, np.int64), np.zeros(2 * cap + 2, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
             np.zeros(cap, np.int64),
         )  # fmt: skip
-        self.out_f = np.zeros((5, SEGMENT))
-        self.out_i = np.zeros((4, SEGMENT), np.int64)
-        self.steps = np.zeros((3, SEGMENT * cap), np.int64)
-        self.fin = np.zeros(SEGMENT * cap + cap, np.int64)
+        self.segment = max(1, min(SEGMENT, STEPS_KEPT // cap))  # iterations per call: the step records bounded
+        self.out_f = np.zeros((5, self.segment))
+        self.out_i = np.zeros((4, self.segment), np.int64)
+        self.steps = np.zeros((3, self.segment * cap), np.int64)
+        self.fin = np.zeros(self.segment * cap + cap, np.int64)
         self.loaded = False
         self.iterations = 0  # run by the lane (the rest by the Python loop)
         self.prefill_costs: dict[int, float] = {}
@@ -324,7 +326,7 @@ class Lane:
     def run(
         self, active: list[Any], prefilling: list[Any], queue: deque[Any], clock: float, duration_us: float, most: int
     ) -> tuple[int, int, float]:
-        """At most `most` (<= SEGMENT) iterations from `clock`: (status, iterations, clock after)."""
+        """At most `most` iterations (and the lane's segment) from `clock`: (status, iterations, clock after)."""
         server = self.server
         kv = server.scheduler.kv
         if not self.loaded:
@@ -340,7 +342,7 @@ class Lane:
         if closed:
             self._top_up()
         self.issued_from = int(cnt[P_HEAD])
-        most = min(most, SEGMENT)
+        most = min(most, self.segment)
         while True:
             if self.table_mode:
                 t, dense, comm = _NO_TABLES, self.tables[0], self.tables[0]

@@ -205,8 +205,8 @@ def serve(
                 context += first + chunk_tokens[c]
                 if not table_mode:
                     nw, nb = pieces(st[SEQ_ROW, r] + first, chunk_tokens[c], region_rows, stride, rows, lengths, nw, lo, hi, nb)
-            if n_tokens == 0:
-                pass  # chunks of empty prompts alone: no pass runs
+            if not n_tokens:  # chunks of empty prompts alone: no pass runs
+                draft = verify = 0.0
             elif table_mode:
                 if n_tokens >= verify_tab.shape[0]:
                     return STOP, done, clock  # beyond the expanded table: the loop asks the cost

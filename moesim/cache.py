@@ -171,10 +171,14 @@ def max_bytes() -> int:
 
 
 def prune(root: Path, limit: int | None = None) -> None:
-    """Remove the oldest entries of the cache under `root` until it holds at most `limit` bytes."""
+    """Remove the oldest entries of the cache under `root` until it holds at most `limit` bytes;
+    only files the cache writes (`root/KIND/DIGEST/NAME.npz`, DIGEST a SHA-256 in hex) count or
+    go: anything else in a folder given as MOESIM_CACHE_DIR is left alone."""
     limit = max_bytes() if limit is None else limit
     entries = []
     for path in root.glob("*/*/*.npz"):
+        if not _is_digest(path.parent.name):
+            continue
         with contextlib.suppress(OSError):
             stat = path.stat()
             entries.append((stat.st_mtime, stat.st_size, path))
@@ -185,3 +189,8 @@ def prune(root: Path, limit: int | None = None) -> None:
         with contextlib.suppress(OSError):
             path.unlink()
             total -= size
+
+
+def _is_digest(name: str) -> bool:
+    """Whether a folder name is a group's key (64 hex digits)."""
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)

@@ -230,6 +230,20 @@ def test_the_cache_stays_within_its_bound(fresh: Path, monkeypatch: pytest.Monke
     assert kept == [False, False, False, True, True, True]  # the oldest removed first
 
 
+def test_pruning_leaves_files_the_cache_did_not_write(fresh: Path) -> None:
+    """A user's own .npz files in a folder given as the cache are never removed, however old."""
+    entry = cache.group("test", 0)
+    assert entry is not None
+    entry.store("x", _arrays())
+    mine = fresh / "results" / "run-1" / "mine.npz"
+    mine.parent.mkdir(parents=True)
+    np.savez(mine, a=np.zeros(1000))
+    os.utime(mine, (1.0, 1.0))
+    cache.prune(fresh, limit=0)
+    assert mine.is_file()
+    assert entry.load("x", SHAPES) is None  # the cache's own entry goes
+
+
 def test_a_profile_file_is_parsed_again_when_it_changes(tmp_path: Path) -> None:
     source = builtin.profiles_dir() / "nvidia-h200-vllm.toml"
     path = tmp_path / "mine.toml"

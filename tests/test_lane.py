@@ -185,6 +185,22 @@ def test_the_lane_writes_the_python_loops_records_on_random_schedules(seed: int)
     assert _records(True, fast, scheduling, **changes) == _records(False, reference, scheduling, **changes)
 
 
+def test_chunks_longer_than_the_prefill_region_wrap_in_the_lane_as_in_the_loop() -> None:
+    """A 64-row trace: its prefill region is 64 rows, and chunks of up to 300 prompt tokens wrap
+    around it several times (more windows and blocks per chunk than a long trace gives)."""
+    small = synthesize(QWEN3, Sticky(keep_prob=0.3), 32, 2, 1)
+    windows = TraceWindows.from_trace(small, offset_stride=0, window_max=5, source="test")
+    scheduling = Scheduling(BUDGET, chunked_prefill=True, token_budget=600)
+
+    def cost(compiled: bool) -> TraceBatchCost:
+        return TraceBatchCost(
+            StepTimeModel(QWEN3, load_profile("nvidia-h200-vllm"), "dispatch"), small, make_drafter("ngram", QWEN3), compiled=compiled
+        )
+
+    changes = {"windows": windows, "workload": Workload(prompt_tokens=300, output_tokens=20), "requests": 12}
+    assert _records(True, cost(True), scheduling, **changes) == _records(False, cost(False), scheduling, **changes)
+
+
 @pytest.mark.parametrize("case", ["whole prefills", "KV pages and chunked prefill", "MoESD slots"])
 def test_the_lane_runs_admissions_and_prefills_itself(case: str) -> None:
     """In a closed loop without preemptions on an engine profile, the lane runs nearly every

@@ -107,10 +107,16 @@ class Lane:
         self.pending: deque[Any] = deque()  # made ahead, in request id order (closed loop)
         self.lists = np.zeros((4, self.rows_total), np.int64)
         self.cnt = np.zeros(12, np.int64)
-        wide = cap * (server.k_cap + 1) + 4 * cap + 8
+        # windows and blocks of a pass: the decode windows, and per chunk two windows and a block for
+        # every time it wraps around the prefill region (chunks of at most the token budget)
+        trace_rows = server.cost.trace.experts.shape[0] if isinstance(server.cost, TraceBatchCost) else 1
+        region_rows = max(1, trace_rows if trace_rows < 16 else (min(trace_rows, 4096) // 16) * 16)  # as PrefillRegion.of
+        wraps = -(-server.scheduling.token_budget // region_rows) + 1
+        wide = cap * (server.k_cap + 1) + 2 * cap * (wraps + 1) + 8
+        blocks = cap * wraps + 2
         self.work = (
             np.zeros(cap, np.int64), np.zeros(3 * cap, np.int64), np.zeros(wide, np.int64), np.zeros(wide, np.int64),
-            np.zeros(2 * cap + 2, np.int64), np.zeros(2 * cap + 2, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
+            np.zeros(blocks, np.int64), np.zeros(blocks, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
             np.zeros(cap, np.int64),
         )  # fmt: skip
         self.segment = max(1, min(SEGMENT, STEPS_KEPT // cap))  # iterations per call: the step records bounded

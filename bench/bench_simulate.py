@@ -62,7 +62,7 @@ ALPHA = 0.7
 
 def engine_batch1(policy: Policy, passes: int, lane: bool = True) -> tuple[float, float, int]:
     """(wall seconds of the run, simulated end time, passes) for one request of ~`passes` passes
-    (`lane`: the server's compiled decode lane on, else its Python loop only)."""
+    (`lane`: the server's compiled lane on, else its Python loop only)."""
     tokens = int(passes * 2.5) if policy.k_cap else passes
     engine = Server(
         cost=TABLE,

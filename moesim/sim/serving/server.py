@@ -248,7 +248,7 @@ class Server:
         self.records = Records()
         self.completed = 0
         self._wake: simpy.Event | None = None
-        self.lane = Lane.of(self) if lane else None  # the compiled decode lane (None: the Python loop only)
+        self.lane = Lane.of(self) if lane else None  # the compiled lane (None: the Python loop only)
 
     # ---- services for controllers -----------------------------------------------------------
 

@@ -169,7 +169,7 @@ def serve(
                     n_admitted += 1
                     prefill_us += sf[PREFILL_COST, r]
                 q += 1
-        elif q < cnt[Q_TAIL] and n < max_batch:
+        else:
             while q < cnt[Q_TAIL] and n + n_admitted < max_batch:
                 r = lists[QUE, q]
                 if math.isnan(sf[PREFILL_COST, r]):

@@ -22,7 +22,8 @@ from moesim.models import load_preset
 from moesim.sim.analysis.best_draft import best_draft_analysis
 from moesim.sim.analysis.scenario import Scenario, load_scenario
 from moesim.sim.cost.drafters import draft_us, make_drafter
-from moesim.sim.validate.spec_runs import RunCosts, fit_terms, held_out, write_spec_paths
+from moesim.sim.engine.builtin import write_spec_paths
+from moesim.sim.validate.spec_runs import RunCosts, fit_terms, held_out
 from moesim.tracegen.formats.trace import write_trace
 from moesim.tracegen.routing.synth import Uniform, synthesize
 
@@ -208,8 +209,14 @@ def test_shipped_spec_paths_are_current(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.chdir(REPO)
     written = write_spec_paths(tmp_path / "spec_paths.toml")
     shipped = REPO / "moesim" / "hw_profiles" / "data" / "spec_paths.toml"
-    assert written.read_text() == shipped.read_text(), "run python -m moesim.sim.validate.spec_runs"
-    profile = load_profile("apple-m3-ultra-mlx")
-    assert profile.speculative is not None and profile.speculative.pass_us > 0
-    assert {row.row for row in profile.speculative.provenance.rows} == {17, 18, 19, 20, 21, 22}
-    assert load_profile("nvidia-h200").speculative is None
+    assert written.read_text() == shipped.read_text(), "run python -m moesim.sim.engine.builtin"
+    mlx = load_profile("apple-m3-ultra-mlx").speculative
+    assert mlx is not None and mlx.kinds["draft_step_us"] == "transferred"  # no describable MLX dense row: llama.cpp's terms
+    vllm = load_profile("nvidia-h100-sxm-vllm").speculative  # the H100 is among vLLM V1's rows' devices
+    assert vllm is not None and vllm.engine == "vLLM V1" and vllm.pass_us > 0 and vllm.kinds["pass_us"] == "calibrated"
+    rows = {(r.row, r.variant) for r in vllm.provenance.rows}
+    assert {(84, "decode step"), (24, "speculative run"), (41, "speculative run")} <= rows
+    assert load_profile("nvidia-h200-vllm").speculative.kinds["pass_us"] == "transferred"  # type: ignore[union-attr]
+    llamacpp = load_profile("nvidia-rtx-3090-llamacpp").speculative  # fitted on whole passes: the time per forward is inside
+    assert llamacpp is not None and llamacpp.pass_us == 0.0 and llamacpp.launch_us_per_layer == 0.0 and llamacpp.draft_step_us > 0
+    assert load_profile("nvidia-h200").speculative is None  # the lab's kernels: no serving engine

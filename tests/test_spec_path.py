@@ -156,6 +156,30 @@ def test_verdict_by_hand_and_the_deciding_term(qwen3_trace: Path) -> None:
     assert flat.relative_cost[k] == pytest.approx(1.0, abs=0.01)  # a huge time per forward makes every pass cost the same
 
 
+def test_an_uncertain_engine_term_makes_the_verdict_uncertain_and_names_it(qwen3_trace: Path) -> None:
+    from moesim.sim.analysis.verdict import spec_costs
+
+    scenario = load_scenario(qwen3_trace, "nvidia-h200", None, None, "eagle3")
+    base = best_draft_analysis(scenario, [0.7], 4, verdict=True).verdicts[0]
+    plain_us = float(spec_costs(scenario, 4).target_us()[0])
+    even = (base.tokens_per_pass - base.break_even_tokens) * plain_us  # the overhead per iteration that makes S(k) = 1
+
+    def verdict_with(iteration_us: float, uncertainty: float):  # type: ignore[no-untyped-def]
+        spec = dataclasses.replace(spec_path(iteration_us=iteration_us, heldout_error=0.0), uncertainty={"iteration_us": uncertainty})
+        model = dataclasses.replace(scenario.model, profile=with_spec_path(scenario.model.profile, spec))
+        (verdict,) = best_draft_analysis(
+            Scenario(model, scenario.trace, scenario.drafter, scenario.context_tokens), [0.7], 4, verdict=True
+        ).verdicts
+        return verdict
+
+    verdict = verdict_with(0.9 * even, 0.9)
+    assert verdict.speedup > 1.0 > verdict.speedup_low
+    assert verdict.verdict == "uncertain" and verdict.uncertain_by == "engine iteration_us"
+    assert "fit_engine_terms" in verdict.calibrate and verdict.to_dict()["uncertain_by"] == "engine iteration_us"
+    sure = verdict_with(0.5 * even, 0.0)  # known exactly and far from even: the kernels' box alone, which does not reach 1
+    assert sure.verdict == "pays" and "uncertain_by" not in sure.to_dict()
+
+
 def test_best_draft_cli_takes_acceptance_lengths_rates_and_runs(cli, qwen3_trace: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     counts = tmp_path / "counts.csv"
     counts.write_text("accepted,drafted\n" + "".join(f"{a},3\n" for a in (3, 2, 0, 3, 1, 3)))

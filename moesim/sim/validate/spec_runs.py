@@ -343,7 +343,6 @@ def judge_verdicts(published: list[PublishedRun], setting: dict[str, object] = J
     return pl.DataFrame(records)
 
 
-
 def judge_engine_terms(runs: list[RunCosts], descriptions: list[RunDescription]) -> pl.DataFrame:
     """The described MoE runs predicted with the engine terms of their built-in profile (fitted on
     dense rows only, `moesim.sim.engine.builtin`): S = τ·(T(1) + E(1)) / (T_draft + T(width) + E(width) + O),

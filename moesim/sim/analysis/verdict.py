@@ -22,6 +22,7 @@ from moesim.errors import InputError
 from moesim.fields import FieldError
 from moesim.hw_profiles import HardwareProfile
 from moesim.sim.analysis.batch import union_pass_cost
+from moesim.sim.analysis.ranks import mean_costs
 from moesim.sim.analysis.scenario import Scenario, expected_costs
 from moesim.sim.analysis.speculation import best_in_table, check_acceptance, relative_cost, tokens_per_pass_table
 from moesim.sim.cost.drafters import Drafter, draft_steps, draft_us
@@ -40,21 +41,6 @@ def pick(cost: PassCost, index: np.ndarray) -> PassCost:
         **cut,
         provenance_us={k: np.asarray(v)[index] for k, v in cost.provenance_us.items()},
         expert_by_family_us={k: v[index] for k, v in cost.expert_by_family_us.items()},
-    )
-
-
-def mean_costs(costs: list[PassCost]) -> PassCost:
-    """One PassCost per entry: each entry's parts averaged over its windows (extrapolation: the largest)."""
-    first = costs[0]
-    return dataclasses.replace(
-        first,
-        expert_us=np.array([c.expert_us.mean() for c in costs]),
-        dense_us=np.array([c.dense_us.mean() for c in costs]),
-        expert_epsilon=max(c.expert_epsilon for c in costs),
-        family=np.array([c.family.flat[0] for c in costs]),
-        extrapolation=np.array([c.extrapolation.max() for c in costs]),
-        provenance_us={k: np.array([np.mean(c.provenance_us.get(k, 0.0)) for c in costs]) for k in first.provenance_us},
-        expert_by_family_us={},
     )
 
 

@@ -222,7 +222,7 @@ def verdicts(points: list[AcceptancePoint], tables: list[np.ndarray], taus: np.n
     shares = costs.shares()
     out = []
     for i, (point, k) in enumerate(zip(points, k_spec, strict=True)):
-        at = [t[i, k] for t in tables[1:]] or [nominal[i, k]]
+        at = [t[i, k] for t in tables]  # the nominal point with the corners
         alpha = break_even_alpha_tree(tree, int(k), float(c[k]))
         out.append(
             Verdict(

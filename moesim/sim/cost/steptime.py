@@ -67,8 +67,8 @@ class PassCost:
     and over several devices the collectives (`comm_us`).
 
     `total_us(expert_sign, dense_sign)` moves each part by its family's bound, (1 ± ε): a corner
-    of the error box; the collectives move with the dense part's sign by their own held-out ε
-    (both are the pass's non-expert time). Ratios of pass times (speedups, savings, crossovers)
+    of the error box; the collectives move with the dense part's sign by their own held-out factor
+    (1 + ε)^±1 (both are the pass's non-expert time); intervals take the nominal point with the corners. Ratios of pass times (speedups, savings, crossovers)
     are bounded by their extremes over the corners, since a family's error is systematic, not per pass.
     """
 
@@ -87,11 +87,12 @@ class PassCost:
     comm_epsilon: np.ndarray | float = 0.0
 
     def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0) -> np.ndarray:
-        """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + comm·max(0, 1 + s_d·ε_c) + fixed."""
+        """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + comm·(1 + ε_c)^s_d + fixed (the collectives'
+        bound is a factor: their held-out errors span several-fold)."""
         return (
             self.expert_us * (1.0 + expert_sign * self.expert_epsilon)
             + self.dense_us * (1.0 + dense_sign * self.dense_epsilon)
-            + self.comm_us * np.maximum(0.0, 1.0 + dense_sign * np.asarray(self.comm_epsilon))
+            + self.comm_us * (1.0 + np.asarray(self.comm_epsilon)) ** dense_sign
             + self.fixed_us
         )
 

@@ -68,8 +68,9 @@ class PassCost:
 
     `total_us(expert_sign, dense_sign)` moves each part by its family's bound, (1 ± ε): a corner
     of the error box; the collectives move with the dense part's sign by their own held-out factor
-    (1 + ε)^±1 (both are the pass's non-expert time); intervals take the nominal point with the corners. Ratios of pass times (speedups, savings, crossovers)
-    are bounded by their extremes over the corners, since a family's error is systematic, not per pass.
+    (1 + ε)^±1 (both are the pass's non-expert time). Ratios of pass times (speedups, savings,
+    crossovers) are bounded by their extremes over the corners and the nominal point, since a
+    family's error is systematic, not per pass.
     """
 
     expert_us: np.ndarray

@@ -206,9 +206,7 @@ def test_simulate_options_on_every_kind_of_profile(kind: tuple[str, str], cli: C
     profile, fmt = KINDS[kind]
     link = "" if peer_link(profile) else 'link = "pcie4-x16"'
     ep = "true" if kind[0] == "lab" else "false"
-    text = SIM_CONFIG.format(
-        trace=TRACE, profile=profile, format=f'weight_format = "{fmt}"\n' if fmt else "", devices=2, ep=ep, link=link
-    )
+    text = SIM_CONFIG.format(trace=TRACE, profile=profile, format=f'weight_format = "{fmt}"\n' if fmt else "", devices=2, ep=ep, link=link)
     config = tmp_path / "c.toml"
     config.write_text(text)
     out = tmp_path / "run"

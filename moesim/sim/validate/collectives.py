@@ -12,7 +12,7 @@ bandwidth term of `moesim.sim.cost.parallel` on the device's catalog link is tak
 A source (one thread) is one vote: its rows' median; a fabric's term is the median of its
 sources' votes (a fabric without a source of its own takes every source of the algorithm:
 `transferred`). Only rows up to CALIBRATION_MAX_BYTES calibrate (a decode or verify pass moves
-a few kB to a few hundred kB per all-reduce); larger rows are listed, not fitted.
+a few kB to a few hundred kB per all-reduce); larger rows are listed, not fitted (their time is bandwidth, the datasheet term).
 
 Leave one source out: each source's rows predicted from the terms fitted without it; each term's
 ε makes a factor (1 + ε)^±1 holding 90 % of those held-out rows (`python -m moesim.sim.validate.collectives` writes
@@ -125,7 +125,7 @@ def read_rows(path: Path = ALLREDUCE_TABLE) -> tuple[list[AllReduceRow], list[tu
                 left_out.append((number, "message size not given"))
                 continue
             if size > CALIBRATION_MAX_BYTES:
-                left_out.append((number, f"{size / (1 << 20):.1f} MiB: above the latency-bound sizes, judged only"))
+                left_out.append((number, f"{size / (1 << 20):.1f} MiB: above the latency-bound sizes"))
                 continue
             value = float(record["value"]) * (1e3 if record["unit"] == "ms" else 1.0)
             algorithm = "nccl" if "/nccl" in record["source_url"].lower() else "custom"

@@ -13,7 +13,7 @@
    chunked prefill under a 2048-token budget, requests of 512 prompt and 256 output tokens in a
    closed loop of 32 (a request finishes every few iterations and its successor's prompt joins
    the verify pass), static k = 3, on vLLM's fused-MoE H200 engine profile with its dispatch, and
-   on the lab H200 profile with engine `best` (its lookup ladder prices untabled pass sizes in
+   on the lab H200 profile with family `best` (its lookup ladder prices untabled pass sizes in
    numpy); also with both off (whole prefills that stall the batch). The loop alone: the run is
    timed after one run of the same length built the pass sizes' tables (start-up, cached on disk
    between runs), for the compiled lane and for the numpy reference path (the Python loop, the
@@ -24,7 +24,7 @@
 
 Times are CPU time of this process (`time.process_time`, best of --repeats runs, 5 by default), so other
 processes on a shared machine disturb them less. Prints one line per measurement; the last
-line is `passes_per_s: X` (the engine, case 1).
+line is `passes_per_s: X` (the server, case 1).
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ TABLE = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draf
 ALPHA = 0.7
 
 
-def engine_batch1(policy: Policy, passes: int, lane: bool = True) -> tuple[float, float, int]:
+def server_batch1(policy: Policy, passes: int, lane: bool = True) -> tuple[float, float, int]:
     """(wall seconds of the run, simulated end time, passes) for one request of ~`passes` passes
     (`lane`: the server's compiled lane on, else its Python loop only)."""
     tokens = int(passes * 2.5) if policy.k_cap else passes
-    engine = Server(
+    server = Server(
         cost=TABLE,
         policy=policy,
         acceptance=Geometric(alpha=ALPHA),
@@ -77,7 +77,7 @@ def engine_batch1(policy: Policy, passes: int, lane: bool = True) -> tuple[float
         lane=lane,
     )
     start = time.process_time()
-    record = engine.run()
+    record = server.run()
     wall = time.process_time() - start
     return wall, record.end_us, record.step_request.size
 
@@ -110,7 +110,7 @@ def plain_loop_batch1(k_static: int, tokens: int) -> tuple[float, float, int]:
 
 class ConstantCost:
     """A cost model asked through the protocol (numpy arrays per pass) that does no work: what the
-    engine itself costs per iteration, the budget left for the routing counter."""
+    server itself costs per iteration, the budget left for the routing counter."""
 
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """A fixed pass time."""
@@ -168,11 +168,11 @@ class UnionCost:
         return 10.0 * prompt_tokens
 
 
-def engine_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[float, int]:
+def server_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[float, int]:
     """(wall seconds, iterations) of a full batch of 32 on the numpy-union cost, static k = 3,
     for `duration_us` of simulated time (requests never finish, so the batch stays full)."""
     windows = TraceWindows.from_trace(trace, offset_stride=0, window_max=4, source="bench")
-    engine = Server(
+    server = Server(
         cost=cost,
         policy=Static(k=3),
         acceptance=Geometric(alpha=ALPHA),
@@ -185,17 +185,17 @@ def engine_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[floa
         windows=windows,
     )
     start = time.process_time()
-    record = engine.run()
+    record = server.run()
     return time.process_time() - start, record.prefill_us.size
 
 
-def engine_serving(
+def server_serving(
     trace: Trace, duration_us: float, cost: object, scheduling: Scheduling, lane: bool = True
 ) -> tuple[float, int, int, float, int]:
     """(wall seconds, iterations, prefill iterations, end time, passes) of a closed loop of 32
     requests of 512 prompt and 256 output tokens at static k = 3 for `duration_us` of simulated time."""
     windows = TraceWindows.from_trace(trace, offset_stride=0, window_max=4, source="bench")
-    engine = Server(
+    server = Server(
         cost=cost,  # type: ignore[arg-type]
         policy=Static(k=3),
         acceptance=Geometric(alpha=ALPHA),
@@ -210,7 +210,7 @@ def engine_serving(
         lane=lane,
     )
     start = time.process_time()
-    record = engine.run()
+    record = server.run()
     prefills = record.prefill_tokens if record.prefill_tokens is not None else record.admitted
     wall = time.process_time() - start
     return wall, record.prefill_us.size, int(np.count_nonzero(prefills)), record.end_us, record.step_request.size
@@ -229,27 +229,27 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats
 
-    engine_batch1(Static(k=3), 2000)  # warm-up (imports, first allocations)
+    server_batch1(Static(k=3), 2000)  # warm-up (imports, first allocations)
     wall_loop, end_loop, passes_loop = best_of(repeats, lambda: plain_loop_batch1(3, int(args.passes * 2.5)))
-    wall, end_us, passes = best_of(repeats, lambda: engine_batch1(Static(k=3), args.passes))
-    wall_py, end_py, passes_py = best_of(repeats, lambda: engine_batch1(Static(k=3), args.passes, lane=False))
+    wall, end_us, passes = best_of(repeats, lambda: server_batch1(Static(k=3), args.passes))
+    wall_py, end_py, passes_py = best_of(repeats, lambda: server_batch1(Static(k=3), args.passes, lane=False))
     assert passes == passes_loop == passes_py and abs(end_us - end_loop) <= 1e-6 * end_loop, "engine and plain loop disagree"
     assert end_us == end_py, "the lane and the server's Python loop disagree"
     print(f"plain-python loop, batch 1, static k=3: {passes_loop / wall_loop:,.0f} passes/s ({passes_loop} passes)")
     print(f"simpy server,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
     print(f"simpy server, Python loop only (no lane): {passes_py / wall_py:,.0f} passes/s, {wall_py / wall_loop:.2f}x the plain loop")
-    wall_c, _, passes_c = best_of(repeats, lambda: engine_batch1(Cascade(), args.passes))
+    wall_c, _, passes_c = best_of(repeats, lambda: server_batch1(Cascade(), args.passes))
     print(f"simpy server,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
     trace = synthesize(QWEN3, Sticky(keep_prob=0.3), 4096, 32, 0)
-    wall_e, iters_e = best_of(repeats, lambda: engine_batch32(trace, 3000.0 * args.iterations, ConstantCost()))
+    wall_e, iters_e = best_of(repeats, lambda: server_batch32(trace, 3000.0 * args.iterations, ConstantCost()))
     print(f"simpy server,      batch 32, static k=3, protocol cost doing no work: {iters_e / wall_e:,.0f} iterations/s")
     numba_cost, numpy_cost = UnionCost(trace, "numba"), UnionCost(trace, "numpy")
-    check = [engine_batch32(trace, 1e6, cost)[1] for cost in (numba_cost, numpy_cost)]  # also the JIT warm-up
+    check = [server_batch32(trace, 1e6, cost)[1] for cost in (numba_cost, numpy_cost)]  # also the JIT warm-up
     assert check[0] == check[1] and numba_cost.distinct_sum == numpy_cost.distinct_sum > 0, "numba and numpy unions disagree"
-    _, pilot_iters = engine_batch32(trace, 1e6, numba_cost)
+    _, pilot_iters = server_batch32(trace, 1e6, numba_cost)
     duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
-    wall32, iters32 = best_of(repeats, lambda: engine_batch32(trace, duration_us, numba_cost))
-    wall_np, iters_np = best_of(repeats, lambda: engine_batch32(trace, duration_us, numpy_cost))
+    wall32, iters32 = best_of(repeats, lambda: server_batch32(trace, duration_us, numba_cost))
+    wall_np, iters_np = best_of(repeats, lambda: server_batch32(trace, duration_us, numpy_cost))
     shape = "32 windows of 4 tokens, 48 MoE layers, top-8 of 128, synthetic Qwen3-30B-A3B-shaped trace"
     print(f"simpy server,      batch 32, static k=3, union from the trace by numpy ({shape}): {iters_np / wall_np:,.0f} iterations/s")
     print(
@@ -259,9 +259,9 @@ def main() -> None:
     step_rates = {}
     for engine in ("dedup", "best"):
         step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), engine), trace, make_drafter("ngram", QWEN3))
-        _, pilot_iters = engine_batch32(trace, 1e6, step_cost)
+        _, pilot_iters = server_batch32(trace, 1e6, step_cost)
         duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
-        wall_st, iters_st = best_of(repeats, lambda cost=step_cost, d=duration_us: engine_batch32(trace, d, cost))
+        wall_st, iters_st = best_of(repeats, lambda cost=step_cost, d=duration_us: server_batch32(trace, d, cost))
         print(
             f"simpy server,      batch 32, static k=3, the trace-driven step-time model (TraceBatchCost: union counter + "
             f"nvidia-h200 profile, engine {engine}): {iters_st / wall_st:,.0f} iterations/s"
@@ -277,10 +277,10 @@ def main() -> None:
     for profile, engine in (("nvidia-h200-vllm", "dispatch"), ("nvidia-h200", "best")):
         for label, scheduling in (("KV pages + chunked prefill", serving), ("neither (whole prefills)", Scheduling())):
             step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3))
-            _, pilot_iters, *_ = engine_serving(trace, 1e6, step_cost, scheduling)
+            _, pilot_iters, *_ = server_serving(trace, 1e6, step_cost, scheduling)
             duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
-            engine_serving(trace, duration_us, step_cost, scheduling)  # start-up: the pass sizes' tables (cached on disk between runs)
-            fast = best_of(repeats, lambda c=step_cost, d=duration_us, sc=scheduling: engine_serving(trace, d, c, sc))
+            server_serving(trace, duration_us, step_cost, scheduling)  # start-up: the pass sizes' tables (cached on disk between runs)
+            fast = best_of(repeats, lambda c=step_cost, d=duration_us, sc=scheduling: server_serving(trace, d, c, sc))
             wall_sv, iters_sv, prefills, end_sv, passes_sv = fast
             serving_rates[profile, label] = iters_sv / wall_sv
             print(
@@ -290,8 +290,8 @@ def main() -> None:
             reference_cost = TraceBatchCost(
                 StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3), compiled=False
             )
-            engine_serving(trace, duration_us, reference_cost, scheduling, lane=False)  # the same start-up
-            ref = best_of(repeats, lambda c=reference_cost, d=duration_us, sc=scheduling: engine_serving(trace, d, c, sc, lane=False))
+            server_serving(trace, duration_us, reference_cost, scheduling, lane=False)  # the same start-up
+            ref = best_of(repeats, lambda c=reference_cost, d=duration_us, sc=scheduling: server_serving(trace, d, c, sc, lane=False))
             assert (ref[1], ref[3], ref[4]) == (iters_sv, end_sv, passes_sv), "the compiled path and the numpy reference disagree"
             print(
                 f"  the numpy reference (union counter + numpy lookups, the server's Python loop): {ref[1] / ref[0]:,.0f} "

@@ -207,14 +207,14 @@ def record(out_dir: Path) -> dict[str, object]:
     r.run("bytes table", "bytes", trace, "--max-pass", 8)
     r.run("bytes batch", "bytes", trace, "--max-pass", 8, "--batch", 4, "--format", "F16", "--json")
     common = ("--trace", trace, "--profile", "nvidia-h200")
-    r.run("predict", "predict", *common, "--engine", "best", "--max-pass", 12, context, 256, "--json")
+    r.run("predict", "predict", *common, "--family", "best", "--max-pass", 12, context, 256, "--json")
     r.run("predict table", "predict", *common, "--max-pass", 6)
-    r.run("best-draft", "best-draft", *common, "--engine", "best", "--drafter", "qwen3-0.6b", "--alpha", 0.6, "--alpha", 0.9,
+    r.run("best-draft", "best-draft", *common, "--family", "best", "--drafter", "qwen3-0.6b", "--alpha", 0.6, "--alpha", 0.9,
           "--max-draft", 6, "--json")  # fmt: skip
     r.run("best-draft table", "best-draft", *common, "--drafter", "eagle", "--alpha", 0.8, "--max-draft", 5)
     r.run("crossover", "crossover", *common, "--max-pass", 24, "--json")
     r.run("crossover table", "crossover", *common, "--dedup-family", "dedup_grouped_gemm", "--max-pass", 16)
-    r.run("batch", "batch", *common, "--alpha", 0.8, draft_len, 3, "--batch", "1,2,4", "--engine", "best", "--json")
+    r.run("batch", "batch", *common, "--alpha", 0.8, draft_len, 3, "--batch", "1,2,4", "--family", "best", "--json")
     r.run("batch uniform", "batch", *common, "--alpha", 0.7, draft_len, 2, "--batch", "1,4", "--routing", "uniform",
           "--moesd-slots", "--drafter", "fixed:50", "--json")  # fmt: skip
     r.run("batch table", "batch", *common, "--alpha", 0.8, draft_len, 3, "--batch", "1,2")

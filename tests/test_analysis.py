@@ -61,7 +61,7 @@ def test_best_draft_json_matches_exhaustive_search_over_predicted_times(cli, tra
 
 
 def test_predict_json_and_intervals(cli, trace_path: Path) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = cli("predict", "--trace", trace_path, "--profile", "nvidia-h200", "--engine", "best", "--max-pass", "8", "--json")
+    code, out, err = cli("predict", "--trace", trace_path, "--profile", "nvidia-h200", "--family", "best", "--max-pass", "8", "--json")
     assert code == 0, err
     result = json.loads(out)
     times = [p["time_us"] for p in result["passes"]]
@@ -96,11 +96,11 @@ def test_errors_and_extrapolation_warning(cli, trace_path: Path) -> None:  # typ
     base = ["--trace", trace_path, "--profile", "nvidia-h200"]
     assert_one_line_error(*cli("best-draft", *base, "--alpha", "1.5")[::2], "alpha must lie in [0, 1], got 1.5")
     assert_one_line_error(*cli("best-draft", *base, "--alpha", "0.5", "--max-draft", "-1")[::2], "max draft length must be >= 0")
-    assert_one_line_error(*cli("predict", *base, "--engine", "dedup_fast")[::2], "no family 'dedup_fast'")
+    assert_one_line_error(*cli("predict", *base, "--family", "dedup_fast")[::2], "no family 'dedup_fast'")
     assert_one_line_error(*cli("crossover", *base, "--dedup-family", "dedup_fast")[::2], "no dedup family 'dedup_fast'")
     assert_one_line_error(*cli("batch", *base, "--alpha", "0.5", "--draft-len", "-2")[::2], "draft length must be >= 0")
     assert_one_line_error(*cli("predict", *base, "--profile", "no-such-gpu")[::2], "no-such-gpu")
-    code, out, err = cli("batch", *base, "--alpha", "0.8", "--draft-len", "3", "--batch", "1,64", "--engine", "best", "--json")
+    code, out, err = cli("batch", *base, "--alpha", "0.8", "--draft-len", "3", "--batch", "1,64", "--family", "best", "--json")
     assert code == 0
     assert "warning: batch of B = 64 lies beyond the calibrated range (extrapolation factor 2.00)" in err
     assert json.loads(out)["batches"][1]["extrapolation"] == pytest.approx(2.0)

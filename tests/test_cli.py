@@ -102,7 +102,7 @@ CALIBRATION = REPO / "data" / "h200" / "calibration.parquet"
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
-        (("validate", CALIBRATION, "--profile", "nvidia-h200", "--engine", "nope"), ("--engine 'nope'", "per_slot", "dedup")),
+        (("validate", CALIBRATION, "--profile", "nvidia-h200", "--family", "nope"), ("--family 'nope'", "per_slot", "dedup")),
         (("validate", CALIBRATION, "--profile", "nvidia-h200", "--model", "nope"), ("unknown MoE model preset 'nope'", "qwen3-30b-a3b")),
         (("profile", "fit", CALIBRATION, "--out", "x.toml", "--backend", "nope"), ("--backend 'nope'", "cuda, metal, cpu")),
         (("microbench", "import-backend-ops", "log.txt", "--out", "x", "--backend", "nope"), ("--backend 'nope'", "cpu, cuda, metal")),

@@ -164,15 +164,15 @@ def test_predict_follows_the_dispatch_and_names_the_family(model, fmt, profile, 
     code, out, err = cli("predict", "--trace", trace, "--profile", profile, "--max-pass", "16", "--json")
     assert code == 0, err
     result = json.loads(out)
-    assert result["engine"] == "dispatch"
+    assert result["family"] == "dispatch"
     family = {row["n"]: row["family"] for row in result["passes"]}
     assert all(family[n] == name for n, name in expected.items()), family
     hw = load_profile(profile)
     preset = load_preset(model)
     rule = hw.dispatch.family_for(fmt, np.arange(1, 17), preset.experts, preset.top_k)
     assert [family[n] for n in range(1, 17)] == list(rule)
-    code, out, _ = cli("predict", "--trace", trace, "--profile", profile, "--max-pass", "4", "--json", "--engine", "best")
-    assert code == 0 and json.loads(out)["engine"] == "best"
+    code, out, _ = cli("predict", "--trace", trace, "--profile", profile, "--max-pass", "4", "--json", "--family", "best")
+    assert code == 0 and json.loads(out)["family"] == "best"
 
 
 def test_llama_cpp_has_no_fp8_kernel_and_says_so(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -53,7 +53,7 @@ SWEEP = """[sweep]
 workers = 1
 [grid]
 models = ["olmoe-1b-7b"]
-engines = ["per_slot", "best"]
+families = ["per_slot", "best"]
 alpha = [0.3, 0.6, 0.9]
 max_draft = 3
 max_pass = 4

@@ -25,7 +25,7 @@ workers = 1
 [grid]
 models = ["deepseek-v2-lite"]
 profiles = ["nvidia-h200"]
-engines = ["per_slot", "best"]
+families = ["per_slot", "best"]
 drafters = ["qwen3-0.6b"]
 alpha = { start = 0.0, stop = 1.0, num = 41 }
 max_draft = 8

@@ -15,7 +15,7 @@ from moesim.sim.serving.workload import Arrivals, Workload
 
 
 def run(policy, cost: TablePassCost, alpha: float, output: int = 3000, requests: int = 1, max_batch: int = 1):  # type: ignore[no-untyped-def]
-    engine = Server(
+    server = Server(
         cost=cost,
         policy=policy,
         acceptance=Geometric(alpha=alpha),
@@ -26,7 +26,7 @@ def run(policy, cost: TablePassCost, alpha: float, output: int = 3000, requests:
         duration_us=0.0,
         seed=3,
     )
-    return engine.run()
+    return server.run()
 
 
 def table(times: list[float], draft_step_us: float = 0.0) -> TablePassCost:

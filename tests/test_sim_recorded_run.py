@@ -42,7 +42,7 @@ def test_recorded_run_file_replays_its_steps(run_file: Path) -> None:
     # a static run at the recorded draft length walks the recorded steps exactly
     for rid in range(2):
         counts = per_seq[rid]
-        engine = Server(
+        server = Server(
             cost=TablePassCost(np.array([100.0, 120.0, 140.0, 160.0])),
             policy=Static(k=DRAFT_LEN),
             acceptance=model,
@@ -53,6 +53,6 @@ def test_recorded_run_file_replays_its_steps(run_file: Path) -> None:
             duration_us=0.0,
             seed=0,
         )
-        record = engine.run()
+        record = server.run()
         replayed = record.step_accepted[record.step_request == rid]
         assert replayed.tolist() == counts.tolist()

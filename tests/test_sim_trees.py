@@ -125,7 +125,7 @@ def test_sweep_cells_take_the_tree_acceptance_for_a_tree_drafter() -> None:
     from moesim.sim.sweep.config import parse_config
 
     beam = "eagle3,topk=2,tokens=6"
-    grid = {"models": ["qwen3-30b-a3b"], "profiles": ["nvidia-h200-vllm"], "engines": ["dispatch"], "drafters": [beam]}
+    grid = {"models": ["qwen3-30b-a3b"], "profiles": ["nvidia-h200-vllm"], "families": ["dispatch"], "drafters": [beam]}
     sweep = parse_config({"grid": grid}, "s.toml", Path("."))
     static = {"name": "static", "k": 3}
     cell = cell_config(sweep, Cell("qwen3-30b-a3b", "nvidia-h200-vllm", "dispatch", beam, 0.7, 2, ""), static)

@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 from conftest import REPO, assert_one_line_error
 
+from moesim.errors import ConfigError
 from moesim.models import load_preset
 from moesim.sim.analysis.batch import batch_analysis
 from moesim.sim.analysis.predict import predict
@@ -36,7 +37,7 @@ max_batches = 256
 [grid]
 models = ["deepseek-v2-lite"]
 profiles = ["nvidia-h200"]
-engines = ["per_slot", "best"]
+families = ["per_slot", "best"]
 drafters = ["qwen3-0.6b", "ngram"]
 alpha = [0.0, 0.3, 0.6, 0.75, 0.9, 0.97, 1.0]
 max_draft = 6
@@ -224,7 +225,7 @@ SIMULATED = """
 workers = 1
 [grid]
 models = ["deepseek-v2-lite"]
-engines = ["best"]
+families = ["best"]
 drafters = ["qwen3-0.6b"]
 alpha = [0.8]
 max_draft = 4
@@ -282,7 +283,7 @@ CONFIG_ERRORS = [
     ("[grid]\nmodels = ['no-such-model']", "key 'grid.models': unknown model preset 'no-such-model'"),
     ("[grid]\nmodels = ['qwen3-0.6b']", "key 'grid.models': model 'qwen3-0.6b' has no experts"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\nprofiles = ['no-gpu']", "key 'grid.profiles': unknown hardware profile 'no-gpu'"),
-    ("[grid]\nmodels = ['deepseek-v2-lite']\nengines = ['dedup_fast']", "key 'grid.engines': profile 'nvidia-h200' has no family"),
+    ("[grid]\nmodels = ['deepseek-v2-lite']\nfamilies = ['dedup_fast']", "key 'grid.families': profile 'nvidia-h200' has no family"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\ndrafters = ['fixed:-3']", "key 'grid.drafters'"),
     ("[sweep]\nexecutor = 'slurm'\n[grid]\nmodels = ['deepseek-v2-lite']", "key 'sweep.executor': unknown executor 'slurm'"),
     ("[grid]\nmodels = ['deepseek-v2-lite']\n[[routing]]\nname = 'x'\ngenerator = 'nope'", "key 'routing[0].generator'"),
@@ -344,3 +345,19 @@ def test_example_sweeps_load_and_plan(path: Path) -> None:
     units = plan_units(config)
     assert len(units) == len(config.grid.models) * len(config.routing) * len(config.grid.batch)
     assert points_per_unit(config) * len(units) >= 10_000
+
+
+def test_the_old_engines_key_still_runs_with_a_note(tmp_path: Path) -> None:
+    """grid.engines is grid.families' old name: the same config, one note; both at once is one line."""
+    old = tmp_path / "old.toml"
+    old.write_text("[grid]\nmodels = ['deepseek-v2-lite']\nengines = ['per_slot', 'best']\n")
+    new = tmp_path / "new.toml"
+    new.write_text("[grid]\nmodels = ['deepseek-v2-lite']\nfamilies = ['per_slot', 'best']\n")
+    config = load_config(old)
+    assert config.grid == load_config(new).grid and config.grid.families == ("per_slot", "best")
+    assert len(config.notes) == 1 and "grid.engines is now grid.families" in config.notes[0]
+    assert load_config(new).notes == ()
+    both = tmp_path / "both.toml"
+    both.write_text("[grid]\nmodels = ['deepseek-v2-lite']\nengines = ['best']\nfamilies = ['best']\n")
+    with pytest.raises(ConfigError, match=r"give 'grid\.families' only"):
+        load_config(both)

@@ -121,7 +121,7 @@ def test_predict_reports_the_share_of_time_per_rung(cli, tmp_path: Path) -> None
     )
     assert code == 0, err
     for engine in ("per_slot", "dedup", "best"):
-        code, out, err = cli("predict", "--trace", trace, "--profile", "nvidia-h200", "--engine", engine, "--max-pass", "8", "--json")
+        code, out, err = cli("predict", "--trace", trace, "--profile", "nvidia-h200", "--family", engine, "--max-pass", "8", "--json")
         assert code == 0, err
         result = json.loads(out)
         share = result["rung_share"]

@@ -9,16 +9,18 @@ import numpy as np
 import typer
 from rich.markup import escape
 
+from moesim.cli.options import config_options, from_options
 from moesim.cli.render import console, emit_json, print_json, render_table
 from moesim.models import builtin_names
+from moesim.sim.cost.parallel import Devices
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Routing trace (Arrow IPC) whose windows the passes replay.")]
 ProfileOpt = Annotated[str, typer.Option("--profile", help="Built-in hardware profile name or a profile TOML path.")]
-EngineOpt = Annotated[
+FamilyOpt = Annotated[
     str | None,
     typer.Option(
-        "--engine",
-        help="dispatch (the engine's own kernel per pass size), per_slot, any dedup family of the profile, or best "
+        "--family",
+        help="Kernel family: dispatch (the engine's own kernel per pass size), per_slot, any dedup family of the profile, or best "
         "(the cheapest). Default: dispatch on an engine profile, per_slot otherwise.",
     ),
 ]
@@ -45,11 +47,25 @@ def _sizes(text: str | None) -> list[int] | None:
 
 
 def _scenario(
-    trace: Path, profile: str, engine: str | None, model: str | None, drafter: str, weight_format: str | None, context: int
+    trace: Path,
+    profile: str,
+    family: str | None,
+    model: str | None,
+    drafter: str,
+    weight_format: str | None,
+    context: int,
+    options: dict[str, Any],
 ) -> Any:
     from moesim.sim.analysis.scenario import load_scenario
 
-    return load_scenario(trace, profile, engine, model, drafter, weight_format, context)
+    devices = Devices(**from_options(Devices, options))
+    return load_scenario(trace, profile, family, model, drafter, weight_format, context, devices)
+
+
+def _where(scenario: Any, profile: str) -> str:
+    """'profile P' and, over several devices, how the target is split."""
+    parallel = scenario.model.parallel
+    return f"profile {profile}" + ("" if parallel.devices == 1 else f", {parallel.describe()}")
 
 
 def _provenance_line(share: dict[str, float]) -> str:
@@ -83,33 +99,36 @@ def bytes_command(
     render_table(report.per_layer_table(), title="Byte share u(n) per MoE layer")
 
 
+@config_options(Devices)
 def predict_command(
     trace: TraceOpt,
     profile: ProfileOpt,
-    engine: EngineOpt = None,
+    family: FamilyOpt = None,
     max_pass: MaxPassOpt = 16,
     sizes: SizesOpt = None,
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
     context_tokens: ContextOpt = 512,
     as_json: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Pass time T(n) per pass size, expected over the trace's windows, with intervals from held-out error."""
     from moesim.sim.analysis.predict import predict
 
-    scenario = _scenario(trace, profile, engine, model, "ngram", weight_format, context_tokens)
+    scenario = _scenario(trace, profile, family, model, "ngram", weight_format, context_tokens, options)
     result = predict(scenario, max_pass, _sizes(sizes))
     if emit_json(result, as_json):
         return
     render_table(
         result.table(),
-        title=f"Pass time T(n), engine {result.engine}, profile {profile}",
+        title=f"Pass time T(n), family {result.family}, {_where(scenario, profile)}",
         caption=f"interval = each rung's held-out ε (expert up to ±{100 * float(np.max(result.cost.expert_epsilon)):.1f} %, "
         f"dense ±{100 * result.cost.dense_epsilon:.1f} %; {result.cost.bound_basis}); time rests on: "
         f"{_provenance_line(result.cost.provenance_share())}; expert time by rung: {_provenance_line(result.cost.rung_share())}",
     )
 
 
+@config_options(Devices)
 def best_draft_command(
     trace: TraceOpt,
     profile: ProfileOpt,
@@ -118,7 +137,7 @@ def best_draft_command(
         typer.Option("--alpha", help="Drafter's top-1 acceptance rate(s) in [0, 1], the same at every depth (repeatable)."),
     ] = None,
     max_draft: Annotated[int, typer.Option("--max-draft", help="Largest draft length k.")] = 8,
-    engine: EngineOpt = None,
+    family: FamilyOpt = None,
     drafter: DrafterOpt = "ngram",
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
@@ -142,11 +161,12 @@ def best_draft_command(
         bool, typer.Option("--verdict", help="Does speculation pay: best k >= 1, interval, break-even length and the deciding term.")
     ] = False,
     as_json: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Best draft length k*(α) and its speedup, with intervals, the staircase and break-even acceptances."""
     from moesim.sim.analysis.best_draft import best_draft_analysis
 
-    scenario = _scenario(trace, profile, engine, model, drafter, weight_format, context_tokens)
+    scenario = _scenario(trace, profile, family, model, drafter, weight_format, context_tokens, options)
     result = best_draft_analysis(
         scenario, alpha or [], max_draft, accept_lengths=accept_len, depth_rates=depth_rates, runs=accept_run, batch=batch, verdict=verdict
     )
@@ -154,7 +174,7 @@ def best_draft_command(
         return
     render_table(
         result.table(),
-        title=f"Best draft length, engine {scenario.model.engine}, drafter {drafter}, profile {profile}",
+        title=f"Best draft length, family {scenario.model.engine}, drafter {drafter}, {_where(scenario, profile)}",
         caption="best_draft_range: the best k over the corners of the error box (ambiguous when it spans several)",
     )
     steps = ", ".join(f"k={k} from α={a:.3f}" for a, k in result.steps)
@@ -171,6 +191,7 @@ def best_draft_command(
             console.print(escape(f"calibrate: {line}"))
 
 
+@config_options(Devices)
 def crossover_command(
     trace: TraceOpt,
     profile: ProfileOpt,
@@ -185,18 +206,18 @@ def crossover_command(
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
     as_json: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Where deduplicating expert reads wins: u(n), r(n), the crossover and the whole win set."""
     from moesim.sim.analysis.crossover import crossover_analysis
 
-    result = crossover_analysis(
-        _scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0), dedup_family, max_pass, _sizes(sizes)
-    )
+    scenario = _scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0, options)
+    result = crossover_analysis(scenario, dedup_family, max_pass, _sizes(sizes))
     if emit_json(result, as_json):
         return
     render_table(
         result.table(),
-        title=f"per_slot vs {result.dedup_family} expert time per MoE pass, profile {profile}",
+        title=f"per_slot vs {result.dedup_family} expert time per MoE pass, {_where(scenario, profile)}",
         caption="dedup wins at n iff T_dedup(n) < T_per_slot(n), i.e. u(n) < r(n)",
     )
     console.print(
@@ -205,13 +226,14 @@ def crossover_command(
     )
 
 
+@config_options(Devices)
 def batch_command(
     trace: TraceOpt,
     profile: ProfileOpt,
     alpha: Annotated[float, typer.Option("--alpha", help="Acceptance rate in [0, 1].")],
     draft_len: Annotated[int, typer.Option("--draft-len", help="Draft length k (>= 1).")],
     batch: Annotated[str, typer.Option("--batch", help="Batch sizes, comma-separated.")] = "1,2,4,8,16,32",
-    engine: EngineOpt = None,
+    family: FamilyOpt = None,
     drafter: DrafterOpt = "ngram",
     moesd_slots: Annotated[
         bool, typer.Option("--moesd-slots", help="Verify γ = k slots per sequence (MoESD's convention) instead of k + 1.")
@@ -221,18 +243,19 @@ def batch_command(
     weight_format: FormatOpt = None,
     context_tokens: ContextOpt = 512,
     as_json: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Speedup and MoESD target efficiency T(B,1)/T(B,k+1) vs batch size."""
     from moesim.sim.analysis.batch import batch_analysis, parse_batch_sizes
 
     sizes = parse_batch_sizes(batch)
-    scenario = _scenario(trace, profile, engine, model, drafter, weight_format, context_tokens)
+    scenario = _scenario(trace, profile, family, model, drafter, weight_format, context_tokens, options)
     result = batch_analysis(scenario, alpha, draft_len, sizes, moesd_slots, routing)
     if emit_json(result, as_json):
         return
     render_table(
         result.table(),
         title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), "
-        f"engine {scenario.model.engine}",
+        f"family {scenario.model.engine}, {_where(scenario, profile)}",
         caption="target_efficiency = T(B,1)/T(B,v) (MoESD); speedup = τ(k,α)·T(B,1)/(T_draft + T(B,k+1))",
     )

@@ -31,10 +31,10 @@ ForceOpt = Annotated[
 # Renamed options: command path -> {old spelling: new spelling}. The old one still works for one
 # release (hidden from --help) and prints a one-line note on stderr.
 RENAMED: dict[tuple[str, ...], dict[str, str]] = {
-    ("batch",): {"--draft": "--draft-len", "--context": "--context-tokens"},
-    ("predict",): {"--context": "--context-tokens"},
-    ("best-draft",): {"--context": "--context-tokens"},
-    ("validate",): {"--context": "--context-tokens"},
+    ("batch",): {"--draft": "--draft-len", "--context": "--context-tokens", "--engine": "--family"},
+    ("predict",): {"--context": "--context-tokens", "--engine": "--family"},
+    ("best-draft",): {"--context": "--context-tokens", "--engine": "--family"},
+    ("validate",): {"--context": "--context-tokens", "--engine": "--family"},
     ("report",): {"--where": "--filter"},
     ("trace", "tiny-model"): {"--weight-type": "--format", "--expert-ff": "--expert-intermediate"},
     ("microbench", "llama-cpp"): {"--weight-type": "--format"},

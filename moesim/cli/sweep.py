@@ -29,6 +29,8 @@ def sweep_command(
     from moesim.sim.sweep.run import default_out, kept_units, run_sweep
 
     sweep_config = load_config(config)
+    for note in sweep_config.notes:
+        line(f"moesim: note: {note}")
     target = out if out is not None else default_out(config)
     total = [0]
 

@@ -20,7 +20,7 @@ def validate_command(
         Path | None, typer.Option("--trace", help="Trace of window rows without a 'trace' column, or a folder of named traces.")
     ] = None,
     model: Annotated[str | None, typer.Option("--model", help="Target preset of whole passes (default: the row's or trace's).")] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="Family of the speculative runs' kernel (default: the only one).")] = None,
+    family: Annotated[str | None, typer.Option("--family", help="Kernel family of the speculative runs (default: the only one).")] = None,
     context_tokens: Annotated[int, typer.Option("--context-tokens", help="KV tokens of whole-pass rows that carry no position.")] = 512,
     filters: Annotated[list[str] | None, typer.Option("--filter", help="COL=VALUE: keep matching rows only (repeatable).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Folder to write predictions.parquet into.")] = None,
@@ -33,7 +33,7 @@ def validate_command(
     protect(*measured, trace, profile)
     if out is not None:
         check_predictions_dir(out, force)
-    options = ValidateOptions(profile, trace, model, engine, context_tokens, tuple(filters or ()))
+    options = ValidateOptions(profile, trace, model, family, context_tokens, tuple(filters or ()))
     result = validate(measured, options)
     path = result.write(out, force) if out is not None else None
     if emit_json(result, as_json):

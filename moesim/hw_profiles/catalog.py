@@ -1,5 +1,7 @@
 """The device catalog (`data/devices.toml`): datasheet facts and published figures, each cited;
-the links between devices and to the host (`data/links.toml`) that devices name."""
+the links between devices and to the host (`data/links.toml`) that devices name; the latency
+terms of each fabric's collectives (`data/collectives.toml`, calibrated by
+`moesim.sim.validate.collectives` on the shared all-reduce rows)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ class DeviceSpec:
 @dataclass(frozen=True)
 class LinkSpec:
     """A link between devices or to the host: bandwidth per direction and the latency of one
-    collective step, with the kind of their provenance and the citation."""
+    transfer, with the kind of their provenance and the citation; `fabric` (nvlink, pcie, xgmi)
+    names the calibrated latency terms its collectives take (`collective_terms`; none: the
+    link's own latency per step)."""
 
     key: str
     name: str
@@ -56,6 +60,26 @@ class LinkSpec:
     latency_us: float
     kind: str
     citation: str
+    fabric: str = ""
+
+
+@dataclass(frozen=True)
+class CollectiveTerms:
+    """The latency terms of one fabric's collectives: NCCL's per ring step, the engines' custom
+    all-reduce's per shot (0: none on this fabric) up to its largest message, each with its
+    held-out relative error and where it comes from; `key` is the fabric (nvlink, pcie, xgmi)."""
+
+    key: str
+    nccl_step_us: float
+    nccl_epsilon: float
+    nccl_source: str
+    custom_shot_us: float
+    custom_epsilon: float
+    custom_source: str
+    custom_max_bytes: float
+    kind: str
+    file: str
+    sha256: str
 
 
 def _entries(file: str, cls: type) -> dict:
@@ -79,6 +103,17 @@ def catalog() -> dict[str, DeviceSpec]:
 def links() -> dict[str, LinkSpec]:
     """All link profiles by key."""
     return _entries("links.toml", LinkSpec)
+
+
+@cache
+def collectives() -> dict[str, CollectiveTerms]:
+    """The calibrated collective terms by fabric."""
+    return _entries("collectives.toml", CollectiveTerms)
+
+
+def collective_terms(fabric: str) -> CollectiveTerms | None:
+    """A fabric's collective terms; None for a link without a fabric (its own latency per step)."""
+    return collectives().get(fabric) if fabric else None
 
 
 def device_of_profile(profile_name: str, device_name: str) -> DeviceSpec | None:

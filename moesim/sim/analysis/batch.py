@@ -12,6 +12,7 @@ from moesim.errors import InputError
 from moesim.kernels.reuse import group_features
 from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.sim.analysis.moesd import target_efficiency
+from moesim.sim.analysis.ranks import ranked_costs
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
 from moesim.sim.analysis.speculation import (
     check_acceptance,
@@ -95,8 +96,12 @@ def union_pass_cost(scenario: Scenario, trace: Trace, batch: int, n: int, max_ba
     if int(lanes.length.max(initial=0)) < n:
         raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
     offsets, starts, lengths = batch_windows(lanes, n, max_batches)
+    context = float(batch * scenario.context_tokens)
+    if scenario.model.parallel.ranks > 1:  # expert parallel: each layer at its slowest rank
+        cost, distinct = ranked_costs(scenario.model, trace, (offsets, starts, lengths), context, float(batch))
+        return cost, distinct, lanes.describe()
     features = group_features(trace.experts, trace.meta.geometry.experts, offsets, starts, lengths)
-    cost = scenario.model.pass_cost(features, float(batch * scenario.context_tokens), float(batch))
+    cost = scenario.model.pass_cost(features, context, float(batch))
     return cost, features.distinct_experts, lanes.describe()
 
 

@@ -174,7 +174,7 @@ def best_draft_analysis(
     nominal = costs.relative()
     k_star, s_star = best_in_table(tables[0])
     index = np.arange(len(points))
-    at_corners = [t[index, k_star] for t in tables[1:]]
+    at_corners = [t[index, k_star] for t in tables]  # the nominal point with the corners (a term's bound may be a factor)
     k_corners = np.stack([best_in_table(t)[0] for t in tables[1:]])
     k = np.arange(max_draft + 1)
     if tree.is_chain:

@@ -4,6 +4,7 @@ scenario (from the trace and from uniform routing, with the range over the error
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,13 +15,15 @@ from moesim.errors import InputError
 from moesim.kernels.features import uniform_distinct_experts
 from moesim.sim.analysis.scenario import (
     Scenario,
+    expected_costs,
     extrapolation_warnings,
     mean_distinct_experts,
     pass_sizes,
     uniform_twin,
     window_distributions,
 )
-from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, StepTimeModel, check_engine
+from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_engine
+from moesim.tracegen.formats.trace import Trace
 
 
 def byte_share(distinct_experts: np.ndarray, n_tokens: np.ndarray, top_k: int) -> np.ndarray:
@@ -110,9 +113,19 @@ class Crossover:
         }
 
 
-def _expert_times(scenario: Scenario, family: str, distributions: list) -> tuple[np.ndarray, float, np.ndarray]:  # type: ignore[type-arg]
-    model = StepTimeModel(scenario.model.preset, scenario.model.profile, family, scenario.model.weight_format)
-    cost = model.expected_pass_cost(distributions, float(scenario.context_tokens))
+def _expert_times(
+    scenario: Scenario,
+    family: str,
+    distributions: list,
+    trace: Trace,
+    sizes: np.ndarray,  # type: ignore[type-arg]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One family's expert time per pass size on the scenario's devices (expert parallel: at the slowest rank)."""
+    model = dataclasses.replace(scenario.model, engine=family)
+    if model.parallel.ranks > 1:
+        cost = expected_costs(scenario, sizes, model, trace)
+    else:
+        cost = model.expected_pass_cost(distributions, float(scenario.context_tokens))
     return cost.expert_us, cost.expert_epsilon, cost.extrapolation
 
 
@@ -147,8 +160,8 @@ def crossover_analysis(
     result = {}
     for label, trace in (("trace", scenario.trace), ("uniform", twin)):
         distributions = window_distributions(trace, n)
-        ps, eps_ps, x_ps = _expert_times(scenario, "per_slot", distributions)
-        dd, eps_dd, x_dd = _expert_times(scenario, dedup_family, distributions)
+        ps, eps_ps, x_ps = _expert_times(scenario, "per_slot", distributions, trace, n)
+        dd, eps_dd, x_dd = _expert_times(scenario, dedup_family, distributions, trace, n)
         share = mean_distinct_experts(trace, n, distributions) / (n * g.top_k)
         result[label] = (ps, dd, eps_ps, eps_dd, share, np.maximum(x_ps, x_dd))
     ps, dd, eps_ps, eps_dd, share, factor = result["trace"]

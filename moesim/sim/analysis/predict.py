@@ -14,9 +14,9 @@ from moesim.sim.cost.steptime import PassCost
 
 @dataclass(frozen=True)
 class Prediction:
-    """Expected pass time T(n) per n with its interval and where it rests."""
+    """Expected pass time T(n) per n with its interval and where it rests (the kernel family's name: `family`)."""
 
-    engine: str
+    family: str
     n: np.ndarray
     cost: PassCost
     warnings: list[str] = field(default_factory=list)
@@ -24,6 +24,7 @@ class Prediction:
     def table(self) -> pl.DataFrame:
         """One row per n."""
         c = self.cost
+        comm = {"comm_us": np.broadcast_to(c.comm_us, self.n.shape)} if np.any(c.comm_us) else {}
         return pl.DataFrame(
             {
                 "n": self.n,
@@ -33,6 +34,7 @@ class Prediction:
                 "high_us": c.high_us,
                 "expert_us": c.expert_us,
                 "dense_us": c.dense_us,
+                **comm,
                 "fixed_us": np.full(self.n.shape, c.fixed_us),
                 **({"engine_us": np.asarray(c.engine_us(), np.float64)} if c.engine_parts_us else {}),
                 "rung": c.rung,
@@ -43,9 +45,13 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {
-            "engine": self.engine,
+            "family": self.family,
             "passes": self.table().to_dicts(),
-            "epsilon": {"expert": float(np.max(self.cost.expert_epsilon, initial=0.0)), "dense": self.cost.dense_epsilon},
+            "epsilon": {
+                "expert": float(np.max(self.cost.expert_epsilon, initial=0.0)),
+                "dense": self.cost.dense_epsilon,
+                "comm": float(np.max(self.cost.comm_epsilon)),
+            },
             "bound_basis": self.cost.bound_basis,
             "provenance_share": self.cost.provenance_share(),
             "rung_share": self.cost.rung_share(),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moesim.errors import InputError
+from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import extrapolated
 from moesim.kernels.features import RoutingFeatures
@@ -20,7 +20,9 @@ from moesim.kernels.reuse import window_reuse_means, with_mean_reuse
 from moesim.kernels.sliding import sliding_distribution
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
 from moesim.models import ModelPreset, builtin_names, load_target
+from moesim.sim.analysis.ranks import sampled_expected_costs
 from moesim.sim.cost.drafters import Drafter, make_drafter
+from moesim.sim.cost.parallel import Devices
 from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_engine
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import Uniform, synthesize
@@ -67,16 +69,22 @@ def load_scenario(
     drafter: str = "ngram",
     weight_format: str | None = None,
     context_tokens: int = 512,
+    devices: Devices | None = None,
 ) -> Scenario:
-    """Read the trace, resolve preset, profile, engine (default: the engine profile's dispatch, else
-    per_slot) and drafter (each a one-line error when wrong)."""
+    """Read the trace, resolve preset, profile, family (`engine`; default: the engine profile's
+    dispatch, else per_slot), drafter and devices (each a one-line error when wrong)."""
     if context_tokens < 0:
         raise InputError(f"context length must be >= 0, got {context_tokens}")
     trace = read_trace(trace_path)
     preset = preset_for_trace(trace, model)
     hw = load_profile(profile)
     fmt = weight_format or trace.meta.geometry.weight_format
-    step = StepTimeModel(preset, hw, default_engine(hw, engine), fmt)
+    parallel = (devices or Devices()).parallelism(hw)
+    try:
+        parallel.check(preset)
+    except ConfigError as exc:
+        raise InputError(f"--expert-parallel: {exc}") from None
+    step = StepTimeModel(preset, hw, default_engine(hw, engine), fmt, parallel=parallel)
     return Scenario(step, trace, make_drafter(drafter, preset, fmt), context_tokens)
 
 
@@ -99,9 +107,7 @@ def window_distributions(trace: Trace, sizes: np.ndarray) -> list[tuple[RoutingF
     """Per pass size n, every (U, M) the trace's windows of n positions take with its probability:
     counted exactly, for n <= 64 all at once (`kernels.windows`) with the windows' mean reuse
     features attached (`kernels.reuse.with_mean_reuse`), above one n at a time (`kernels.sliding`)."""
-    longest = int(trace.seq_lengths().max())
-    if int(sizes[-1]) > longest:
-        raise InputError(f"pass size {int(sizes[-1])} exceeds the trace's longest sequence ({longest} positions)")
+    check_sizes(trace, sizes)
     experts = trace.meta.geometry.experts
     small = [int(n) for n in sizes if n <= MAX_PASS_LIMIT]
     summary = summarize_windows(trace.experts, trace.seq_starts, experts, max(small)) if small else None
@@ -117,9 +123,21 @@ def window_distributions(trace: Trace, sizes: np.ndarray) -> list[tuple[RoutingF
 
 
 def expected_costs(scenario: Scenario, sizes: np.ndarray, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:
-    """Expected pass times over the trace's windows for every pass size (shape (len(sizes),))."""
-    distributions = window_distributions(trace or scenario.trace, np.asarray(sizes, np.int64))
-    return (model or scenario.model).expected_pass_cost(distributions, float(scenario.context_tokens))
+    """Expected pass times over the trace's windows for every pass size (shape (len(sizes),)); expert
+    parallel, the mean over sampled windows at each layer's slowest rank (`moesim.sim.analysis.ranks`)."""
+    model, trace = model or scenario.model, trace or scenario.trace
+    sizes = np.asarray(sizes, np.int64)
+    if model.parallel.ranks > 1:
+        return sampled_expected_costs(model, trace, check_sizes(trace, sizes), float(scenario.context_tokens))
+    return model.expected_pass_cost(window_distributions(trace, sizes), float(scenario.context_tokens))
+
+
+def check_sizes(trace: Trace, sizes: np.ndarray) -> np.ndarray:
+    """The pass sizes, none longer than the trace's longest sequence (one line otherwise)."""
+    longest = int(trace.seq_lengths().max())
+    if int(np.max(sizes)) > longest:
+        raise InputError(f"pass size {int(np.max(sizes))} exceeds the trace's longest sequence ({longest} positions)")
+    return sizes
 
 
 def mean_distinct_experts(trace: Trace, sizes: np.ndarray, distributions: list[tuple[RoutingFeatures, np.ndarray]]) -> np.ndarray:

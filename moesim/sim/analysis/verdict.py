@@ -24,6 +24,7 @@ from moesim.fields import FieldError
 from moesim.hw_profiles import HardwareProfile
 from moesim.hw_profiles.speculative import SpecPath
 from moesim.sim.analysis.batch import union_pass_cost
+from moesim.sim.analysis.ranks import mean_costs
 from moesim.sim.analysis.scenario import Scenario, expected_costs
 from moesim.sim.analysis.speculation import best_in_table, check_acceptance, relative_cost, tokens_per_pass_table
 from moesim.sim.cost.drafters import Drafter, draft_model_layers, draft_steps, draft_us
@@ -43,22 +44,6 @@ def pick(cost: PassCost, index: np.ndarray) -> PassCost:
         provenance_us={k: np.asarray(v)[index] for k, v in cost.provenance_us.items()},
         expert_by_family_us={k: v[index] for k, v in cost.expert_by_family_us.items()},
         engine_parts_us={k: np.asarray(v)[index] for k, v in cost.engine_parts_us.items()},
-    )
-
-
-def mean_costs(costs: list[PassCost]) -> PassCost:
-    """One PassCost per entry: each entry's parts averaged over its windows (extrapolation: the largest)."""
-    first = costs[0]
-    return dataclasses.replace(
-        first,
-        expert_us=np.array([c.expert_us.mean() for c in costs]),
-        dense_us=np.array([c.dense_us.mean() for c in costs]),
-        expert_epsilon=max(c.expert_epsilon for c in costs),
-        family=np.array([c.family.flat[0] for c in costs]),
-        extrapolation=np.array([c.extrapolation.max() for c in costs]),
-        provenance_us={k: np.array([np.mean(c.provenance_us.get(k, 0.0)) for c in costs]) for k in first.provenance_us},
-        expert_by_family_us={},
-        engine_parts_us={k: np.array([np.mean(c.engine_parts_us[k]) for c in costs]) for k in first.engine_parts_us},
     )
 
 
@@ -278,7 +263,7 @@ def verdicts(points: list[AcceptancePoint], tables: list[np.ndarray], taus: np.n
     parts = costs.one_at_a_time()
     out = []
     for i, (point, k) in enumerate(zip(points, k_spec, strict=True)):
-        at = [t[i, k] for t in tables[1:]] or [nominal[i, k]]
+        at = [t[i, k] for t in tables]  # the nominal point with the corners
         alpha = break_even_alpha_tree(tree, int(k), float(c[k]))
         deciding = _deciding_part(parts, float(taus[i, k]), int(k))
         out.append(

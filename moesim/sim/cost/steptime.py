@@ -63,11 +63,14 @@ def default_engine(profile: HardwareProfile, engine: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class PassCost:
-    """Predicted pass times kept in parts (arrays of one shape, µs): expert, dense and fixed time.
+    """Predicted pass times kept in parts (arrays of one shape, µs): expert, dense and fixed time,
+    and over several devices the collectives (`comm_us`).
 
     `total_us(expert_sign, dense_sign)` moves each part by its family's bound, (1 ± ε): a corner
-    of the error box. Ratios of pass times (speedups, savings, crossovers) are bounded by their
-    extremes over the corners, since a family's error is systematic, not per pass.
+    of the error box; the collectives move with the dense part's sign by their own held-out factor
+    (1 + ε)^±1 (both are the pass's non-expert time). Ratios of pass times (speedups, savings,
+    crossovers) are bounded by their extremes over the corners and the nominal point, since a
+    family's error is systematic, not per pass.
     """
 
     expert_us: np.ndarray
@@ -81,6 +84,8 @@ class PassCost:
     expert_by_family_us: dict[str, np.ndarray] = field(default_factory=dict)
     rung_us: np.ndarray = field(default_factory=lambda: np.zeros((0, len(RUNGS))))  # (..., 4): expert time per rung
     bound_basis: str = "one-layer fit"
+    comm_us: np.ndarray | float = 0.0
+    comm_epsilon: np.ndarray | float = 0.0
     engine_parts_us: dict[str, np.ndarray] = field(default_factory=dict)  # the engine's time per forward by term (its [speculative] table)
     engine_ends: tuple[dict[str, float], dict[str, float]] = ({}, {})  # the terms' scales at the low and the high end
 
@@ -90,10 +95,12 @@ class PassCost:
         return sum((us * s.get(term, 1.0) for term, us in self.engine_parts_us.items()), 0.0)
 
     def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0, engine_scale: dict[str, float] | None = None) -> np.ndarray:
-        """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + fixed + the engine's time per forward."""
+        """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + comm·(1 + ε_c)^s_d + fixed + the engine's time
+        per forward (the collectives' bound is a factor: their held-out errors span several-fold)."""
         kernels = (
             self.expert_us * (1.0 + expert_sign * self.expert_epsilon)
             + self.dense_us * (1.0 + dense_sign * self.dense_epsilon)
+            + self.comm_us * (1.0 + np.asarray(self.comm_epsilon)) ** dense_sign
             + self.fixed_us
         )
         return kernels + self.engine_us(engine_scale) if self.engine_parts_us else kernels
@@ -259,6 +266,28 @@ class StepTimeModel:
             family = self.profile.expert_family(name).for_format(shape.weight_format)
             sums[name] = family.sum_layers(ExpertInputs.of(features, shape), whole_pass=True)
         return self.assemble(sums, features.n_tokens[..., 0], context_tokens, sequences)
+
+    def ranked_pass_cost(
+        self, distinct: np.ndarray, most: np.ndarray, slots: np.ndarray, n_tokens: np.ndarray, context_tokens: float, sequences: float = 1.0
+    ) -> PassCost:
+        """Pass costs from per-rank counts ((passes, ranks, MoE layers) arrays of distinct experts,
+        max tokens per expert and slots, `moesim.kernels.unions.union_pass`): under each family every
+        layer costs its slowest rank (the rank's slots / K as its tokens), kept in parts as `pass_cost`."""
+        self._require_experts()
+        shape, k = self.expert_shape, self.preset.top_k
+        slots = np.asarray(slots, np.float64)
+        sums = {}
+        for name in self.families:
+            family = self.profile.expert_family(name).for_format(shape.weight_format)
+            times = family.time_us(RoutingFeatures(slots / k, slots, distinct, most), shape)
+            slowest = np.argmax(times, axis=-2)[..., None, :]
+
+            def at_slowest(a: np.ndarray, slowest: np.ndarray = slowest) -> np.ndarray:
+                return np.take_along_axis(np.asarray(a, np.float64), slowest, axis=-2)[..., 0, :]
+
+            chosen = RoutingFeatures(at_slowest(slots) / k, at_slowest(slots), at_slowest(distinct), at_slowest(most))
+            sums[name] = family.sum_layers(ExpertInputs.of(chosen, shape), whole_pass=True)
+        return self.assemble(sums, np.asarray(n_tokens, np.float64), context_tokens, sequences)
 
     def pass_time_us(self, features: RoutingFeatures, context_tokens: float, sequences: float = 1.0) -> float:
         """The nominal time of one pass (features shaped (MoE layers,), integer counts as the union
@@ -457,10 +486,10 @@ class StepTimeModel:
         for part, us in dense_parts.items():
             kind = self.profile.provenance_of(f"families.dense.{part}").kind
             by_kind[kind] = by_kind.get(kind, 0.0) + us
-        if self.parallel.devices > 1:  # the collectives, on the link's numbers
+        comm: np.ndarray | float = 0.0
+        if self.parallel.devices > 1:  # the collectives, on the fabric's calibrated terms (or the link's numbers)
             comm = self.comm_us(np.asarray(total_tokens, np.float64))
-            dense = dense + comm
-            kind = self.parallel.link.kind  # type: ignore[union-attr]
+            kind = self.parallel.comm_kind
             by_kind[kind] = by_kind.get(kind, 0.0) + comm
         fixed_kind = self.profile.provenance_of("pass.fixed_us").kind
         by_kind[fixed_kind] = by_kind.get(fixed_kind, 0.0) + self.profile.pass_fixed_us
@@ -482,6 +511,8 @@ class StepTimeModel:
             bound_basis="; ".join(dict.fromkeys(bases)) or "one-layer fit",
             engine_parts_us=engine,
             engine_ends=(spec.extreme_scale(-1.0), spec.extreme_scale(1.0)) if (spec := self.profile.speculative) is not None else ({}, {}),
+            comm_us=comm,
+            comm_epsilon=self.parallel.comm_epsilon(self.preset, np.asarray(total_tokens, np.float64)),
         )
 
 

@@ -35,7 +35,7 @@ from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spe
 from moesim.machine import check_fits
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
-from moesim.sim.cost.parallel import Parallelism
+from moesim.sim.cost.parallel import ALL_REDUCES, Parallelism, parallelism_on
 from moesim.sim.cost.steptime import default_engine
 from moesim.sim.cost.tree import TreeSpec, parse_tree
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
@@ -86,11 +86,13 @@ class Batching(Checked):
 class ParallelSection(Checked):
     """The target over `tensor_parallel` devices of the target's kind, tensor parallel, or with the
     routed experts partitioned over them (`expert_parallel`), joined by `link` (a link profile of
-    the device catalog; default: the device's own peer link)."""
+    the device catalog; default: the device's own peer link), its all-reduces by `all_reduce`
+    (auto: the engines' custom all-reduce where the link has it, else NCCL; `moesim.sim.cost.parallel`)."""
 
     tensor_parallel: int = checked(1, ge=1, le=1 << 16)
     expert_parallel: bool = False
     link: str = ""
+    all_reduce: str = checked("auto", choices=ALL_REDUCES)
 
     def __post_init__(self) -> None:
         require(not self.expert_parallel or self.tensor_parallel > 1, "expert_parallel", "needs tensor_parallel > 1 devices")
@@ -414,14 +416,10 @@ def placement(config: SimConfig) -> tuple[Parallelism, KVBudget | None]:
         device = target_device(target)
     except MoesimError as exc:
         raise ConfigError(f"{source}: key 'target.device': {exc}") from None
-    link = None
-    if section.tensor_parallel > 1:
-        key = section.link or (device.peer_link if device is not None else "")
-        if not key:
-            where = f"{device.name} has no peer link in the device catalog" if device is not None else "no device is known"
-            raise ConfigError(f"{source}: key 'parallel.link': {section.tensor_parallel} devices need a link ({where})")
-        link = link_spec(key)
-    parallel = Parallelism(section.tensor_parallel, section.expert_parallel, link)
+    try:
+        parallel = parallelism_on(device, section.tensor_parallel, section.expert_parallel, section.link, section.all_reduce)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: key 'parallel.{'link' if 'need a link' in str(exc) else 'all_reduce'}': {exc}") from None
     preset = load_preset(target.model) if target.model is not None else None
     if preset is not None:
         try:

@@ -87,7 +87,7 @@ def simulation_rows(config: SweepConfig, model: str, batch: int, trace: Trace, w
     grid, sim = config.grid, config.simulate
     rows, iterations, start = [], 0, time.perf_counter()
     for profile in grid.profiles:
-        for engine in grid.engines:
+        for engine in grid.families:
             for drafter in grid.drafters:
                 for alpha in sim.alpha:
                     axes = Cell(model, profile, engine, drafter, alpha, batch, weight_format)

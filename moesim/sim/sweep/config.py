@@ -1,7 +1,7 @@
 """The sweep config: frozen dataclasses parsed from TOML (`moesim sweep CONFIG.toml`).
 
     [sweep]       executor ("local" | "ray"), workers, ray_address, max_batches
-    [grid]        models, profiles, engines, drafters, alpha (a list or {start, stop, num}),
+    [grid]        models, profiles, families, drafters, alpha (a list or {start, stop, num}),
                   max_draft (k = 0..max_draft), max_pass (n = 1..max_pass), batch, context, weight_format
     [[routing]]   name, and either generator (+ params, tokens, seqs, seed) or trace (a file; may contain {model})
 
@@ -70,7 +70,7 @@ class Grid(Checked):
 
     models: tuple[str, ...]
     profiles: tuple[str, ...] = ("nvidia-h200",)
-    engines: tuple[str, ...] = ("per_slot",)
+    families: tuple[str, ...] = ("per_slot",)
     drafters: tuple[str, ...] = ("ngram",)
     alpha: tuple[float, ...] | dict = field(default_factory=lambda: {"start": 0.0, "stop": 1.0, "num": 101})
     max_draft: int = checked(16, ge=0, le=MAX_PASS_LIMIT - 1)
@@ -81,7 +81,7 @@ class Grid(Checked):
     policies: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in ("models", "profiles", "engines", "drafters", "batch", "context"):
+        for key in ("models", "profiles", "families", "drafters", "batch", "context"):
             _unique(getattr(self, key), key)
         if self.weight_format:
             object.__setattr__(self, "weight_format", check_weight_format(self.weight_format, "weight_format"))
@@ -175,6 +175,7 @@ class SweepConfig:
     grid: Grid
     routing: tuple[Routing, ...]
     simulate: SimulateSection = SimulateSection()
+    notes: tuple[str, ...] = ()  # one line per renamed key the config used
 
     def key(self, name: str) -> str:
         """'FILE: key NAME' for error messages."""
@@ -214,7 +215,7 @@ class SweepConfig:
 
 
 def _check_names(config: SweepConfig) -> None:
-    """Presets, profiles, engines and drafters resolve (one line naming the grid key otherwise)."""
+    """Presets, profiles, families and drafters resolve (one line naming the grid key otherwise)."""
     for key, loader in (("models", lambda: config.presets), ("profiles", lambda: config.profiles)):
         try:
             loader()
@@ -233,11 +234,11 @@ def _check_names(config: SweepConfig) -> None:
                     f"{config.key('grid.drafters')}: drafter '{drafter}' verifies {width} tokens at max_draft, above {MAX_PASS_LIMIT}"
                 )
     for profile in config.profiles.values():
-        for engine in config.grid.engines:
+        for family in config.grid.families:
             try:
-                check_engine(profile, engine)
+                check_engine(profile, family)
             except MoesimError as exc:
-                raise ConfigError(f"{config.key('grid.engines')}: {exc}") from None
+                raise ConfigError(f"{config.key('grid.families')}: {exc}") from None
 
 
 def _check_routing(config: SweepConfig) -> None:
@@ -285,7 +286,8 @@ def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConf
     if "grid" not in data:
         raise ConfigError(f"{source}: key 'grid' is required (at least grid.models)")
     sweep = build(SweepSection, data.get("sweep", {}), "sweep", source, base_dir)
-    grid = build(Grid, data["grid"], "grid", source, base_dir)
+    grid_table, notes = renamed_grid_keys(data["grid"], source)
+    grid = build(Grid, grid_table, "grid", source, base_dir)
     grid = dataclasses.replace(
         grid, **{key: tuple(resolve_path(v, base_dir) for v in getattr(grid, key)) for key in ("models", "profiles", "drafters")}
     )
@@ -298,11 +300,29 @@ def parse_config(data: dict[str, Any], source: str, base_dir: Path) -> SweepConf
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{source}: key 'routing' must be a non-empty array of tables ([[routing]])")
     routing = tuple(build(Routing, t, f"routing[{i}]", source, base_dir) for i, t in enumerate(tables))
-    config = SweepConfig(source, sweep, grid, routing, simulate)
+    config = SweepConfig(source, sweep, grid, routing, simulate, notes)
     _check_names(config)
     _check_routing(config)
     _check_sizes(config)
     return config
+
+
+# Renamed grid keys: old -> new. The old one still works for one release, with a note.
+RENAMED_GRID_KEYS = {"engines": "families"}
+
+
+def renamed_grid_keys(table: Any, source: str) -> tuple[Any, tuple[str, ...]]:
+    """The grid table with renamed keys in their new spelling, and a note for each old one used."""
+    if not isinstance(table, dict):
+        return table, ()
+    out, notes = dict(table), []
+    for old, new in RENAMED_GRID_KEYS.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{source}: key 'grid.{old}': give 'grid.{new}' only ('{old}' is its old name)")
+            out[new] = out.pop(old)
+            notes.append(f"{source}: grid.{old} is now grid.{new} (kernel families; the old key goes in the next release)")
+    return out, tuple(notes)
 
 
 def load_config(path: str | Path) -> SweepConfig:
@@ -314,4 +334,4 @@ def load_config(path: str | Path) -> SweepConfig:
 def points_per_unit(config: SweepConfig) -> int:
     """Analytic (α, k) points one work unit yields."""
     g = config.grid
-    return len(g.profiles) * len(g.context) * len(g.engines) * len(g.drafters) * g.alphas.size * (g.max_draft + 1)
+    return len(g.profiles) * len(g.context) * len(g.families) * len(g.drafters) * g.alphas.size * (g.max_draft + 1)

@@ -193,7 +193,7 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
     k_count = grid.max_draft + 1
     frames = []
     for profile_name, profile in config.profiles.items():
-        engines = [*profile.expert_families, BEST, *(e for e in grid.engines if e not in profile.expert_families and e != BEST)]
+        engines = [*profile.expert_families, BEST, *(e for e in grid.families if e not in profile.expert_families and e != BEST)]
         models = {e: StepTimeModel(preset, profile, e, weight_format) for e in engines}
         for context in grid.context:
             keys = {"model": unit.model, "profile": profile_name, "routing": routing.name, "batch": unit.batch, "context_tokens": context}
@@ -204,7 +204,7 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
                 scenario = Scenario(models[BEST], trace, drafter, context)
                 draft = draft_costs_us(scenario, grid.max_draft, unit.batch)  # the drafter runs on the dense family: any engine
                 widths = np.array([drafter.tree.width(k) for k in range(k_count)])
-                for engine in grid.engines:
+                for engine in grid.families:
                     spec_cost = costs_on(profile, drafter, widths, draft, pick(costs[engine], widths - 1), unit.batch)
                     frames.append(_conform(_point_rows(grid.alphas, spec_cost, drafter.tree), {**keys, "engine": engine, "drafter": spec}))
     tally = SimulationTally()

@@ -98,7 +98,7 @@ class Context:
         families = self.profile.expert_families
         if options.engine is not None and options.engine not in families:
             known = ", ".join(families)
-            raise InputError(f"--engine '{options.engine}': profile '{self.profile.name}' has no such expert family ({known})")
+            raise InputError(f"--family '{options.engine}': profile '{self.profile.name}' has no such expert family ({known})")
         if options.model is not None:
             self.preset(options.model)
 

@@ -1,4 +1,4 @@
-"""The SimPy engine against a plain-Python reference, conservation laws, arrivals, trace windows."""
+"""The SimPy server against a plain-Python reference, conservation laws, arrivals, trace windows."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ TABLE = TablePassCost(np.array([1000.0 + 120.0 * n for n in range(1, 80)]), draf
 
 
 def run(policy: Policy, *, alpha: float = 0.6, requests: int = 6, max_batch: int = 1, workload: Workload | None = None, **kw):  # type: ignore[no-untyped-def]
-    engine = Server(
+    server = Server(
         cost=kw.pop("cost", TABLE),
         policy=policy,
         acceptance=kw.pop("acceptance", Geometric(alpha=alpha)),
@@ -29,7 +29,7 @@ def run(policy: Policy, *, alpha: float = 0.6, requests: int = 6, max_batch: int
         seed=kw.pop("seed", 11),
         **kw,
     )
-    return engine.run()
+    return server.run()
 
 
 def reference_batch1(k_static: int, alpha: float, requests: int, prompt: int, output: int, seed: int) -> list[tuple[float, float]]:
@@ -70,7 +70,7 @@ def test_continuous_batching_conservation() -> None:
     committed = np.bincount(record.step_request, weights=record.step_accepted + 1, minlength=40)
     assert np.array_equal(committed, np.full(40, 96))
     assert record.admitted.sum() == 40
-    # the clock: each iteration starts when the previous one ends (the engine is never idle in a closed loop)
+    # the clock: each iteration starts when the previous one ends (the server is never idle in a closed loop)
     ends = record.start_us + record.prefill_us + record.draft_us + record.verify_us
     assert np.allclose(record.start_us[1:], ends[:-1], rtol=0, atol=1e-6)
     # verify time is the table at the batch's total tokens
@@ -89,7 +89,7 @@ def test_poisson_arrivals_follow_their_stream() -> None:
     expected = np.cumsum(np.random.default_rng([5, 0xA221]).exponential(1e6 / 2.0, 30))
     assert np.allclose([r.arrival_us for r in record.requests], expected)
     assert all(r.first_token_us >= r.arrival_us for r in record.requests)
-    # at 2 requests/s and ~0.2 s per request the engine idles between arrivals
+    # at 2 requests/s and ~0.2 s per request the server idles between arrivals
     ends = record.start_us + record.prefill_us + record.draft_us + record.verify_us
     assert np.any(record.start_us[1:] > ends[:-1] + 1.0)
 

@@ -244,3 +244,17 @@ def test_every_documented_option_is_exercised(command: str, cli: Cli, tmp_path: 
     for line in re.findall(rf"moesim {command} .*", readme):
         named = set(re.findall(r"(--[a-z][a-z0-9-]+)", line.split("#")[0]))
         assert named <= options, (line, named - options - renamed)
+
+
+def test_batch_sizes_up_to_what_the_trace_allows(cli: Cli) -> None:
+    """The built-in trace has 160 sequences: B = 160 batches whole sequences, B = 200 cuts each into
+    segments (the longest still holds a verify pass of 2); a batch whose lanes cannot hold the
+    verify pass is one line."""
+    base = ["--trace", TRACE, "--profile", "nvidia-h200", "--alpha", "0.7", "--json"]
+    code, out, err = cli("best-draft", *base, "--batch", "160", "--verdict", "--max-draft", "1")
+    assert code == 0, err
+    assert json.loads(out)["batch"] == 160 and json.loads(out)["verdict"][0]["draft_len"] == 1
+    code, out, err = cli("batch", *base, "--draft-len", "1", "--batch", "200")
+    assert code == 0 and json.loads(out)["batches"][0]["batch"] == 200, err
+    code, _, err = cli("best-draft", *base, "--batch", "161", "--verdict", "--max-draft", "3")
+    assert code == 2 and err.count("\n") == 1 and "too short for a batch of 161" in err, err

@@ -41,7 +41,7 @@ import numpy as np
 
 from moesim.errors import ConfigError, InputError
 from moesim.fields import option
-from moesim.hw_profiles.catalog import CollectiveTerms, DeviceSpec, LinkSpec, collective_terms, device_of_profile, link_spec, links
+from moesim.hw_profiles.catalog import DeviceSpec, LinkSpec, collective_terms, device_of_profile, link_spec, links
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.models import ModelPreset
 
@@ -61,16 +61,12 @@ def custom_all_reduce_us(payload_bytes: np.ndarray | float, devices: int, shot_u
     return np.minimum(shot_us + (devices - 1) * volume, 2.0 * shot_us + 2.0 * (devices - 1) / devices * volume)
 
 
-def _terms(link: LinkSpec) -> CollectiveTerms | None:
-    return collective_terms(link.fabric)
-
-
 def all_reduce_us(payload_bytes: np.ndarray | float, devices: int, link: LinkSpec, algorithm: str = "auto") -> np.ndarray:
     """All-reduce of S bytes over G devices on the link: NCCL's ring, the custom all-reduce, or
     (`auto`) the custom one where the fabric has it and the message fits, else NCCL."""
     if devices == 1:
         return np.zeros(np.shape(payload_bytes))
-    terms = _terms(link)
+    terms = collective_terms(link.fabric)
     if terms is None:
         return ring_all_reduce_us(payload_bytes, devices, link.latency_us, link.bandwidth_gbps)
     nccl = ring_all_reduce_us(payload_bytes, devices, terms.nccl_step_us, link.bandwidth_gbps)
@@ -84,7 +80,7 @@ def all_to_all_us(payload_bytes: np.ndarray | float, devices: int, link: LinkSpe
     """All-to-all of S bytes held per device: (G − 1)·λ + (G − 1)/G · S / β (λ: NCCL's step on the fabric)."""
     if devices == 1:
         return np.zeros(np.shape(payload_bytes))
-    terms = _terms(link)
+    terms = collective_terms(link.fabric)
     step_us = link.latency_us if terms is None else terms.nccl_step_us
     steps = devices - 1
     return steps * step_us + steps / devices * np.asarray(payload_bytes, np.float64) / (link.bandwidth_gbps * 1e3)
@@ -107,7 +103,7 @@ class Parallelism:
             raise ConfigError("a target over several devices needs a link between them")
         if self.all_reduce not in ALL_REDUCES:
             raise ConfigError(f"unknown all-reduce '{self.all_reduce}' (known: {', '.join(ALL_REDUCES)})")
-        terms = _terms(self.link) if self.link is not None else None
+        terms = collective_terms(self.link.fabric) if self.link is not None else None
         if self.all_reduce == "custom" and (terms is None or not terms.custom_shot_us):
             name = self.link.name if self.link is not None else "one device"
             raise ConfigError(f"link {name} has no custom all-reduce (its fabric's collectives are NCCL's): use auto or nccl")
@@ -159,7 +155,7 @@ class Parallelism:
         """The held-out relative error of the latency terms a pass of n tokens takes: the custom
         all-reduce's where it alone runs (TP, messages within its buffer), else the larger with
         NCCL's; 0 on one device or on a link without calibrated terms (its own numbers)."""
-        terms = _terms(self.link) if self.devices > 1 and self.link is not None else None
+        terms = collective_terms(self.link.fabric) if self.devices > 1 and self.link is not None else None
         if terms is None:
             return 0.0
         if self.all_reduce == "nccl" or not terms.custom_shot_us:
@@ -175,7 +171,7 @@ class Parallelism:
     def comm_kind(self) -> str:
         """The provenance kind of the collectives' numbers: the fabric's calibrated terms, else the link's."""
         assert self.link is not None
-        terms = _terms(self.link)
+        terms = collective_terms(self.link.fabric)
         return terms.kind if terms is not None else self.link.kind
 
     def describe(self) -> str:

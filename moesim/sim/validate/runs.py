@@ -25,14 +25,14 @@ from moesim.tracegen.formats.specrun import SpecRun
 
 
 def run_family(ctx: Context, source: Path) -> str:
-    """The family of a run's kernel: --engine, else the profile's only expert family."""
+    """The family of a run's kernel: --family, else the profile's only expert family."""
     engine = ctx.options.engine
     families = list(ctx.profile.expert_families)
     if engine is None:
         if len(families) != 1:
-            raise InputError(f"{source}: profile '{ctx.profile.name}' has several expert families ({', '.join(families)}): give --engine")
+            raise InputError(f"{source}: profile '{ctx.profile.name}' has several expert families ({', '.join(families)}): give --family")
         engine = families[0]
-    ctx.family(engine, f"{source}: --engine")
+    ctx.family(engine, f"{source}: --family")
     return engine
 
 

@@ -30,8 +30,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from moesim.errors import InputError
+from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles.engine_runs import llamacpp, mlx, sglang, vllm
 from moesim.hw_profiles.engine_runs.rows import (
     DECODE_COLUMNS,
@@ -66,7 +67,11 @@ class EngineOutput:
         """Every row of the file, each naming the file it came from."""
         rows = self.parse(text, str(path), context)
         name = path.name
-        return EngineRows(tuple(replace(s, raw_file=name) for s in rows.steps), tuple(replace(r, raw_file=name) for r in rows.runs))
+
+        def named(row: Any) -> Any:
+            return replace(row, raw_file=name, source_url=row.source_url.replace(str(path), name, 1))
+
+        return EngineRows(tuple(named(s) for s in rows.steps), tuple(named(r) for r in rows.runs))
 
 
 ENGINE_OUTPUTS: Registry[EngineOutput] = Registry("engine output format", InputError)
@@ -184,7 +189,10 @@ def split_annotation(argument: str) -> tuple[Path, RunContext]:
             values[key] = int(text)
         else:
             values[key] = text
-    return Path(path), RunContext(**values)  # type: ignore[arg-type]
+    try:
+        return Path(path), RunContext(**values)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise InputError(f"{argument}: {exc}") from None
 
 
 def read_text(path: Path) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from moesim.errors import InputError, first_line
+from moesim.fields import Checked, option
 
 NA = "NA"
 DECODE_COLUMNS = (
@@ -76,21 +77,22 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class RunContext:
+class RunContext(Checked):
     """What an output may not say itself, given by the user (None: not given): the engine's
-    version, the device, the model, tensor parallelism, CUDA graphs, and a run's shape."""
+    version, the device, the model, tensor parallelism, CUDA graphs, and a run's shape. What an
+    output prints wins over the command's options; `FILE@key=value` wins over both."""
 
-    engine_version: str | None = None
-    device: str | None = None
+    engine_version: str | None = option(None, "The engine's version (vllm --version, llama.cpp's build), where the output does not say it.")
+    device: str | None = option(None, "The device the runs ran on, where the output does not say it.")
     model: str | None = None
     dtype: str | None = None
-    tp: int | None = None
-    cuda_graphs: str | None = None
-    batch: int | None = None
-    input_len: int | None = None
-    output_len: int | None = None
-    draft: str | None = None
-    draft_len: int | None = None
+    tp: int | None = option(None, "Tensor-parallel GPUs of the runs, where the output does not say it.", ge=1)
+    cuda_graphs: str | None = option(None, "Whether the runs captured CUDA graphs (yes, no), where the output does not say it.")
+    batch: int | None = option(None, "Sequences decoded together, where the output does not say it (vllm bench latency).", ge=1)
+    input_len: int | None = option(None, "Prompt tokens per sequence, where the output does not say it.", ge=1)
+    output_len: int | None = option(None, "Generated tokens per sequence, where the output does not say it.", ge=2)
+    draft: str | None = option(None, "The draft (model or head) of the speculative runs, as a label.")
+    draft_len: int | None = option(None, "Draft tokens per speculative iteration, where the output does not say it.", ge=1)
 
     def merged(self, other: RunContext) -> RunContext:
         """This context with every field `other` gives replaced by it."""

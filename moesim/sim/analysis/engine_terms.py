@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from moesim.errors import InputError
 from moesim.hw_profiles import HardwareProfile
 from moesim.hw_profiles.builtin import with_spec_path
 from moesim.hw_profiles.engine_runs import EngineRows
 from moesim.hw_profiles.engine_runs.fit import EngineTerms, fit_engine_terms
+from moesim.hw_profiles.engine_runs.rows import NA
 from moesim.hw_profiles.provenance import Provenance
 from moesim.hw_profiles.speculative import SpecPath
 from moesim.models import ModelPreset
@@ -38,6 +40,43 @@ class EngineFit:
     terms: EngineTerms
     profile: HardwareProfile
     engines: tuple[str, ...]
+
+    def terms_table(self) -> pl.DataFrame:
+        """term, value_us, uncertainty_pct, basis."""
+        t = self.terms
+        return pl.DataFrame(
+            {
+                "term": ["pass_us", "iteration_us"],
+                "value_us": [round(t.pass_us, 1), round(t.iteration_us, 1)],
+                "uncertainty_pct": [_pct(t.uncertainty.get("pass_us")), _pct(t.uncertainty.get("iteration_us"))],
+                "basis": [t.basis["pass_us"], t.basis["iteration_us"]],
+            }
+        )
+
+    def rows_table(self) -> pl.DataFrame:
+        """Every row in forwards: what it measured, what the kernels take, what it implies."""
+        t = self.terms
+        plain = [
+            {"row": r.source, "batch": r.batch, "forwards": r.forwards, "measured_us": round(r.measured_us / r.forwards, 1),
+             "kernels_us": round(r.kernel_us / r.forwards, 1), "implied_us": round(r.implied_us(), 1), "term": "pass_us"}
+            for r in t.forwards
+        ]  # fmt: skip
+        spec = [
+            {"row": r.source, "batch": r.batch, "forwards": 1, "measured_us": round(r.measured_us, 1),
+             "kernels_us": round(r.draft_us + r.verify_us, 1), "implied_us": round(r.implied_us(t.pass_us), 1), "term": "iteration_us"}
+            for r in t.iterations
+        ]  # fmt: skip
+        return pl.DataFrame(plain + spec)
+
+    def heldout_table(self) -> pl.DataFrame:
+        """Each left-out group's relative error, in %."""
+        return pl.DataFrame(
+            {"left_out": [g for g, _ in self.terms.heldout], "error_pct": [round(100 * e, 2) for _, e in self.terms.heldout]}
+        )
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else round(100 * value, 1)
 
 
 def inputs_sha256(paths: list[Path]) -> str:
@@ -58,7 +97,9 @@ def fit_engine(
     name: str | None = None,
 ) -> EngineFit:
     """The engine's terms on the profile's device from the rows, and the profile with them as its `[speculative]` table."""
-    engines = tuple(sorted({f"{r.engine} {r.engine_version}".strip() for r in (*rows.steps, *rows.runs)}))
+    if preset.kind != "dense":
+        raise InputError(f"model '{preset.name}' is a {preset.kind} preset: fit-engine prices dense targets (the engine's own path)")
+    engines = tuple(sorted({r.engine if r.engine_version == NA else f"{r.engine} {r.engine_version}" for r in (*rows.steps, *rows.runs)}))
     if len({e.split()[0] for e in engines}) > 1:
         raise InputError(f"{inputs[0]}: the runs are of several engines ({'; '.join(engines)}): fit one engine at a time")
     bare = with_spec_path(profile, None)

@@ -95,7 +95,8 @@ def write_vllm(engine: Engine, folder: Path) -> None:
     for batch in (1, 4, 16, 64):
         tpot_ms = engine.step_us(batch, context) / 1000.0
         ttft_ms = engine.step_us(batch, input_len / 2, input_len) / 1000.0
-        record = {"moesim_note": NOTE, "backend": "vllm", "model_id": "facebook/opt-30b", **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms)}
+        record = {"moesim_note": NOTE, "backend": "vllm", "model_id": "facebook/opt-30b"}
+        record |= _serve_record(batch, input_len, output_len, tpot_ms, ttft_ms)
         record["mean_e2el_ms"] = round(ttft_ms + (output_len - 1) * tpot_ms, 3)
         _write(folder / f"serve-c{batch}.json", json.dumps(record, indent=2) + "\n")
     batch, prompt, output = 8, 32, 128
@@ -113,7 +114,8 @@ def write_vllm(engine: Engine, folder: Path) -> None:
     tpot_ms = iteration / accepted_length / 1000.0
     ttft_ms = engine.step_us(batch, input_len / 2, input_len) / 1000.0
     drafts = 1000
-    record = {"moesim_note": NOTE, "backend": "vllm", "model_id": "facebook/opt-30b", **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms)}
+    record = {"moesim_note": NOTE, "backend": "vllm", "model_id": "facebook/opt-30b"}
+    record |= _serve_record(batch, input_len, output_len, tpot_ms, ttft_ms)
     record["mean_e2el_ms"] = round(ttft_ms + (output_len - 1) * tpot_ms, 3)
     record |= {
         "spec_decode_acceptance_rate": 100.0 * (accepted_length - 1) / k,
@@ -129,10 +131,15 @@ def write_sglang(engine: Engine, folder: Path) -> None:
     """bench_one_batch's console at batch 1, 8, 32 (after a warmup block), and bench_serving JSONL with one speculative line."""
     input_len, output_len = 256, 128
     context = input_len + output_len / 2
-    lines = [f"# {NOTE}", "Warmup ...", "Prefill. latency: 0.50000 s, throughput:    512.00 token/s",
-             "Decode 0. Batch size: 1, latency: 0.30000 s, throughput:      3.33 token/s",
-             "Decode.  median latency: 0.30000 s, median throughput:      3.33 token/s",
-             "Total. latency:  9.000 s, throughput:     42.67 token/s", "Benchmark ..."]  # fmt: skip
+    lines = [
+        f"# {NOTE}",
+        "Warmup ...",
+        "Prefill. latency: 0.50000 s, throughput:    512.00 token/s",
+        "Decode 0. Batch size: 1, latency: 0.30000 s, throughput:      3.33 token/s",
+        "Decode.  median latency: 0.30000 s, median throughput:      3.33 token/s",
+        "Total. latency:  9.000 s, throughput:     42.67 token/s",
+        "Benchmark ...",
+    ]
     for batch in (1, 8, 32):
         prefill_s = engine.step_us(batch, input_len / 2, input_len) / 1e6
         step_s = engine.step_us(batch, context) / 1e6
@@ -147,20 +154,33 @@ def write_sglang(engine: Engine, folder: Path) -> None:
     for batch in (2, 16):
         tpot_ms = engine.step_us(batch, context) / 1000.0
         ttft_ms = engine.step_us(batch, input_len / 2, input_len) / 1000.0
-        records.append({"backend": "sglang", "mean_e2e_latency_ms": round(ttft_ms + (output_len - 1) * tpot_ms, 3),
-                        **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms), "accept_length": None})  # fmt: skip
+        records.append(
+            {
+                "backend": "sglang",
+                "mean_e2e_latency_ms": round(ttft_ms + (output_len - 1) * tpot_ms, 3),
+                **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms),
+                "accept_length": None,
+            }
+        )
     batch, k, accepted_length = 2, 3, 2.5
     tpot_ms = engine.iteration_us(batch, context, k) / accepted_length / 1000.0
     ttft_ms = engine.step_us(batch, input_len / 2, input_len) / 1000.0
-    records.append({"backend": "sglang", "mean_e2e_latency_ms": round(ttft_ms + (output_len - 1) * tpot_ms, 3),
-                    **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms), "accept_length": accepted_length})  # fmt: skip
+    records.append(
+        {
+            "backend": "sglang",
+            "mean_e2e_latency_ms": round(ttft_ms + (output_len - 1) * tpot_ms, 3),
+            **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms),
+            "accept_length": accepted_length,
+        }
+    )
     _write(folder / "bench-serving.jsonl", "".join(json.dumps(r) + "\n" for r in records))
 
 
 def write_llamacpp(engine: Engine, folder: Path) -> None:
     """llama-bench tg128 at depth 0 and 2048 (markdown), and one llama-speculative run."""
-    rows = [f"{NOTE}", "", "| model                          |       size |     params | backend    | ngl |            test |                  t/s |",
-            "| ------------------------------ | ---------: | ---------: | ---------- | --: | --------------: | -------------------: |"]  # fmt: skip
+    header = "| model                          |       size |     params | backend    | ngl |            test |                  t/s |"
+    rule = "| ------------------------------ | ---------: | ---------: | ---------- | --: | --------------: | -------------------: |"
+    rows = [NOTE, "", header, rule]
     for depth in (0, 2048):
         rate = 1e6 / engine.step_us(1, depth + 64)
         test = "tg128" + (f" @ d{depth}" if depth else "")
@@ -171,13 +191,22 @@ def write_llamacpp(engine: Engine, folder: Path) -> None:
     tau = 1.0 + accepted * k
     predicted = round(iterations * tau)
     seconds = iterations * engine.iteration_us(1, prompt + predicted / 2, k) / 1e6
-    text = "\n".join([
-        f"# {NOTE}", "build: 6800 (1a2b3c4) with cc (GCC) for x86_64-linux-gnu", "",
-        f"encoded {prompt:4d} tokens in    0.100 seconds, speed:  320.000 t/s",
-        f"decoded {predicted:4d} tokens in {seconds:8.3f} seconds, speed: {predicted / seconds:8.3f} t/s", "",
-        f"n_draft   = {k}", f"n_predict = {predicted}", f"n_drafted = {iterations * k}", f"n_accept  = {round(accepted * iterations * k)}",
-        f"accept    = {100 * accepted:.3f}%", "",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            f"# {NOTE}",
+            "build: 6800 (1a2b3c4) with cc (GCC) for x86_64-linux-gnu",
+            "",
+            f"encoded {prompt:4d} tokens in    0.100 seconds, speed:  320.000 t/s",
+            f"decoded {predicted:4d} tokens in {seconds:8.3f} seconds, speed: {predicted / seconds:8.3f} t/s",
+            "",
+            f"n_draft   = {k}",
+            f"n_predict = {predicted}",
+            f"n_drafted = {iterations * k}",
+            f"n_accept  = {round(accepted * iterations * k)}",
+            f"accept    = {100 * accepted:.3f}%",
+            "",
+        ]
+    )
     _write(folder / "llama-speculative.log", text + "\n")
 
 
@@ -192,7 +221,8 @@ def write_mlx(engine: Engine, folder: Path) -> None:
         lines.append(f"Averages: prompt_tps=1000.000, generation_tps={rate:.3f}, peak_memory=62.000")
     _write(folder / "benchmark.log", "\n".join(lines) + "\n")
     rate = 1e6 / engine.step_us(1, 100 + 300 / 2)
-    generate = [f"# {NOTE}", "==========", "Prompt: 100 tokens, 800.000 tokens-per-sec", f"Generation: 300 tokens, {rate:.3f} tokens-per-sec", "Peak memory: 61.500 GB"]
+    generate = [f"# {NOTE}", "==========", "Prompt: 100 tokens, 800.000 tokens-per-sec"]
+    generate += [f"Generation: 300 tokens, {rate:.3f} tokens-per-sec", "Peak memory: 61.500 GB"]
     _write(folder / "generate.log", "\n".join(generate) + "\n")
 
 

@@ -208,7 +208,7 @@ def profile_fit_engine(
         str | None, typer.Option(help="Drafter of the speculative runs (a drafter spec, e.g. a draft preset): prices their drafting.")
     ] = None,
     run_format: Annotated[str | None, typer.Option(help="The outputs' format (default: detected from each file's content).")] = None,
-    rows: Annotated[Path | None, typer.Option(help="Also write the rows read (decode_steps.csv, speculative_runs.csv) into this folder.")] = None,
+    rows: Annotated[Path | None, typer.Option(help="Also write the rows read (decode_steps.csv, speculative_runs.csv) here.")] = None,
     force: Annotated[bool, typer.Option(help="Write into a non-empty --rows folder that moesim did not write.")] = False,
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
     **options: Any,
@@ -230,7 +230,8 @@ def profile_fit_engine(
     context = RunContext(**from_options(RunContext, options, RUN_OPTIONS), model=model)
     read = read_outputs(outputs, context, run_format)
     result = fit_engine(read, paths, load_profile(profile), load_preset(model), weight_format, drafter, name or out.stem)
-    render_table(result.rows_table(), title=f"{'; '.join(result.engines)}: {len(read.steps)} plain-decoding rows, {len(read.runs)} speculative")
+    title = f"{'; '.join(result.engines)}: {len(read.steps)} plain-decoding rows, {len(read.runs)} speculative"
+    render_table(result.rows_table(), title=title)
     render_table(result.terms_table(), title=f"Engine terms on {result.profile.device.name} (beyond the kernels of {profile})")
     if result.terms.heldout:
         render_table(result.heldout_table(), title="Held out: each batch size (and each speculative run) left out of the fit, predicted")

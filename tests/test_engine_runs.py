@@ -1,0 +1,269 @@
+"""`moesim profile fit-engine`: a user's own engine outputs read into the shared engine-overheads
+rows, and the engine's terms fitted back from outputs written by a formula from stated terms."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, assert_one_line_error
+
+from moesim.hw_profiles import load_profile
+from moesim.hw_profiles.builtin import with_spec_path
+from moesim.hw_profiles.engine_runs import RunContext, read_outputs
+from moesim.hw_profiles.schema import read_profile
+from moesim.models import load_preset
+from moesim.sim.analysis.engine_terms import fit_engine
+from moesim.sim.cost.steptime import StepTimeModel, default_engine
+
+EXAMPLES = REPO / "examples" / "engine-runs"
+# The shared tables' headers (../shared/data/engine-overheads), as their README documents them.
+DECODE_HEADER = (
+    "source_url,engine,engine_version,device,tp,cuda_graphs,model,dtype,batch,input_len,output_len,"
+    "value,unit,notes,tokens_per_pass,raw_file"
+)
+SPEC_HEADER = (
+    "source_url,engine,device,target_model,draft,draft_len,acceptance,tokens_per_s,baseline_tokens_per_s,batch,notes,"
+    "engine_version,tp,input_len,output_len,concurrency,spec_value,baseline_value,metric,raw_file"
+)
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_engine_examples", EXAMPLES / "make_examples.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+MAKE = _generator()
+CASES = {case.folder: case for case in MAKE.CASES}
+# What a user says of each folder's files that they do not print themselves.
+ANNOTATE = {"bench-serving.jsonl": "@draft_len=3"}
+
+
+def _arguments(folder: Path) -> list[str]:
+    return [str(p) + ANNOTATE.get(p.name, "") for p in sorted(folder.iterdir())]
+
+
+def _fit(folder: Path, case):
+    rows = read_outputs(_arguments(folder), RunContext(model="opt-30b"))
+    paths = sorted(folder.iterdir())
+    return rows, fit_engine(rows, paths, load_profile(case.profile), load_preset("opt-30b"), case.weight_format, "opt-350m")
+
+
+def test_committed_examples_are_the_generators_output(tmp_path: Path) -> None:
+    """The example files are exactly what the formula writes (rerun make_examples.py after a kernel change)."""
+    MAKE.main(tmp_path)
+    for case in MAKE.CASES:
+        for written in sorted((tmp_path / case.folder).iterdir()):
+            committed = EXAMPLES / case.folder / written.name
+            assert committed.read_text() == written.read_text(), f"{committed} is stale: python examples/engine-runs/make_examples.py"
+
+
+@pytest.mark.parametrize("folder", sorted(CASES))
+def test_fit_recovers_the_stated_terms(folder: str, tmp_path: Path) -> None:
+    case = CASES[folder]
+    MAKE.main(tmp_path)
+    rows, fitted = _fit(tmp_path / folder, case)
+    assert fitted.terms.pass_us == pytest.approx(case.pass_us, rel=0.01, abs=5.0)
+    assert fitted.terms.iteration_us == pytest.approx(case.iteration_us, rel=0.02, abs=5.0)
+    spec = fitted.profile.speculative
+    assert spec is not None and spec.pass_us == fitted.terms.pass_us and spec.provenance.kind == "calibrated"
+    assert {r.batch for r in rows.steps} >= {1}
+
+
+def test_fit_sees_a_different_host_time(tmp_path: Path) -> None:
+    """Terms written at twice the host time come back at twice it: the fit reads the files, not the case."""
+    case = CASES["vllm"]
+    doubled = type(case)(case.folder, case.profile, case.weight_format, 2 * case.pass_us, case.iteration_us, case.engine_version)
+    MAKE.write_vllm(MAKE.Engine(doubled), tmp_path)
+    _, fitted = _fit(tmp_path, case)
+    assert fitted.terms.pass_us == pytest.approx(2 * case.pass_us, rel=0.01)
+
+
+def test_each_example_is_read_by_its_format() -> None:
+    from moesim.hw_profiles.engine_runs import detect_format, read_text
+
+    expected = {
+        "vllm/latency-b8.pytorch.json": "vllm-bench-latency", "vllm/serve-c1.json": "vllm-bench-serve",
+        "vllm/serve-c4-spec.json": "vllm-bench-serve", "sglang/bench-one-batch.log": "sglang-bench-one-batch",
+        "sglang/bench-serving.jsonl": "sglang-bench-serving", "llamacpp/llama-bench.md": "llama-bench",
+        "llamacpp/llama-speculative.log": "llama-speculative", "mlx/benchmark.log": "mlx-lm-benchmark",
+        "mlx/generate.log": "mlx-lm-generate",
+    }  # fmt: skip
+    for name, fmt in expected.items():
+        path = EXAMPLES / name
+        assert detect_format(path, read_text(path)) == fmt, name
+
+
+def test_vllm_serve_rows_keep_the_printed_numbers() -> None:
+    plain = json.loads((EXAMPLES / "vllm" / "serve-c16.json").read_text())
+    rows = read_outputs([str(EXAMPLES / "vllm" / "serve-c16.json")])
+    (step,) = rows.steps
+    assert (step.batch, step.value, step.unit) == (plain["max_concurrency"], plain["mean_tpot_ms"], "TPOT ms")
+    assert step.forward_us() == pytest.approx(1000 * plain["mean_tpot_ms"])
+    spec = json.loads((EXAMPLES / "vllm" / "serve-c4-spec.json").read_text())
+    (run,) = read_outputs([str(EXAMPLES / "vllm" / "serve-c4-spec.json")]).runs
+    assert run.draft_len == spec["spec_decode_draft_tokens"] // spec["spec_decode_num_drafts"]
+    assert run.tokens_per_iteration() == spec["spec_decode_acceptance_length"]
+    assert run.accepted_per_drafted == pytest.approx(spec["spec_decode_acceptance_rate"] / 100)
+
+
+def test_speculative_run_pairs_with_the_plain_run_of_its_batch() -> None:
+    rows = read_outputs([str(EXAMPLES / "vllm" / "serve-c4-spec.json"), str(EXAMPLES / "vllm" / "serve-c4.json")])
+    (run,) = rows.runs
+    plain = json.loads((EXAMPLES / "vllm" / "serve-c4.json").read_text())
+    assert run.baseline_value == pytest.approx(plain["mean_tpot_ms"])
+    assert run.speedup() == pytest.approx(plain["mean_tpot_ms"] / run.spec_value)
+
+
+def test_sglang_console_skips_the_warmup_block() -> None:
+    rows = read_outputs([str(EXAMPLES / "sglang" / "bench-one-batch.log")])
+    assert [s.batch for s in rows.steps] == [1, 8, 32]
+    assert all(s.unit == "ms per step" and s.input_len == 256 and s.output_len == 128 for s in rows.steps)
+    assert 300.0 not in [s.value for s in rows.steps]  # the warmup's 0.30000 s
+
+
+def test_sglang_console_without_printed_batch_reads_it_from_throughput() -> None:
+    text = "Prefill. latency: 0.01788 s, throughput:   3355.60 token/s\n"
+    text += "Decode.  median latency: 0.00689 s, median throughput:    145.10 token/s\n"
+    text += "Total. latency:  0.080 s, throughput:    877.74 token/s\n"
+    from moesim.hw_profiles.engine_runs.sglang import parse_one_batch
+
+    (step,) = parse_one_batch(text, "x.log", RunContext()).steps
+    assert (step.batch, step.value, step.input_len, step.output_len) == (1, pytest.approx(6.89), 60, 10)
+
+
+def test_llama_timing_lines_and_server_log() -> None:
+    from moesim.hw_profiles.engine_runs.llamacpp import parse_timings
+
+    text = (
+        "llama_perf_context_print: prompt eval time =     120.93 ms /    11 tokens (   10.99 ms per token,    90.96 tokens per second)\n"
+        "llama_perf_context_print:        eval time =    3979.58 ms /   127 runs   (   31.34 ms per token,    31.91 tokens per second)\n"
+        "slot print_timing: id  0 | task 0 | \n"
+        "prompt eval time =      58.52 ms /    12 tokens (    4.88 ms per token,   205.05 tokens per second)\n"
+        "       eval time =    2367.37 ms /   128 tokens (   18.50 ms per token,    54.07 tokens per second)\n"
+        "      total time =    2425.89 ms /   140 tokens\n"
+        "draft acceptance rate = 0.57576 (   19 accepted /    33 generated)\n"
+    )
+    rows = parse_timings(text, "server.log", RunContext(draft_len=4))
+    (step,) = rows.steps
+    (run,) = rows.runs
+    assert (step.value, step.input_len, step.output_len, step.forward_us()) == (31.91, 11, 127, pytest.approx(1e6 / 31.91))
+    assert (run.spec_value, run.accepted_per_drafted, run.draft_len, run.input_len) == (54.07, pytest.approx(19 / 33), 4, 12)
+
+
+def test_llama_server_json_timings() -> None:
+    from moesim.hw_profiles.engine_runs.llamacpp import parse_server_json
+
+    response = {
+        "model": "Qwen3.5-9B-Q4_K_M.gguf", "system_fingerprint": "b9251-e2b129e1b",
+        "timings": {"prompt_n": 4, "prompt_ms": 128.3, "predicted_n": 665, "predicted_ms": 20629.2,
+                    "predicted_per_second": 32.2358, "draft_n": 604, "draft_n_accepted": 515},
+    }  # fmt: skip
+    (run,) = parse_server_json(json.dumps(response), "r.json", RunContext()).runs
+    assert (run.engine_version, run.target_model, run.spec_value) == ("b9251-e2b129e1b", "Qwen3.5-9B-Q4_K_M.gguf", 32.2358)
+    assert run.accepted_per_drafted == pytest.approx(515 / 604)
+    plain = dict(response, timings={k: v for k, v in response["timings"].items() if not k.startswith("draft")})
+    lines = json.dumps(plain) + "\n" + json.dumps(plain) + "\n"
+    assert len(parse_server_json(lines, "r.jsonl", RunContext()).steps) == 2
+
+
+def test_llama_bench_rows_and_build_normalised_across_tools() -> None:
+    rows = read_outputs([str(EXAMPLES / "llamacpp" / "llama-bench.md"), str(EXAMPLES / "llamacpp" / "llama-speculative.log")])
+    assert [(s.input_len, s.output_len, s.tokens_per_pass) for s in rows.steps] == [(0, 128, 1), (2048, 128, 1)]
+    assert {s.engine_version for s in rows.steps} == {rows.runs[0].engine_version} == {"1a2b3c4 (b6800)"}
+    assert rows.runs[0].tokens_per_iteration() == pytest.approx(1 + 256 / 512 * 8)
+
+
+def test_vllm_latency_plain_json_needs_the_batch(cli, tmp_path: Path) -> None:
+    path = tmp_path / "lat.json"
+    path.write_text(json.dumps({"avg_latency": 2.0, "std_latency": 0.01, "latencies": [2.0], "percentiles": {"50": 2.0}}))
+    out = tmp_path / "p.toml"
+    code, _, err = cli("profile", "fit-engine", path, "--profile", "nvidia-h200-vllm", "--model", "opt-30b", "--out", out)
+    assert_one_line_error(code, err, "lat.json", "batch_size", "--batch")
+    assert not out.exists()
+    (step,) = read_outputs([f"{path}@batch=8,input_len=32,output_len=128"]).steps
+    assert (step.batch, step.input_len, step.output_len, step.value) == (8, 32, 128, 2.0)
+    (step,) = read_outputs([str(path)], RunContext(batch=4, input_len=16, output_len=64)).steps
+    assert (step.batch, step.input_len, step.output_len) == (4, 16, 64)
+    (step,) = read_outputs([f"{path}@batch=2"], RunContext(batch=4, input_len=16, output_len=64)).steps
+    assert step.batch == 2  # the file's annotation wins over the command's option
+
+
+def test_fit_engine_command_writes_profile_and_rows(cli, tmp_path: Path) -> None:
+    out, rows = tmp_path / "mine.toml", tmp_path / "rows"
+    files = sorted((EXAMPLES / "vllm").iterdir())
+    code, stdout, err = cli(
+        "profile", "fit-engine", *files, "--profile", "nvidia-h200-vllm", "--model", "opt-30b", "--drafter", "opt-350m",
+        "--engine-version", "0.11.0", "--device", "H200", "--tp", "1", "--cuda-graphs", "yes", "--out", out, "--rows", rows,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "pass_us" in stdout and "Held out" in stdout
+    profile = read_profile(out)
+    assert profile.speculative.pass_us == pytest.approx(CASES["vllm"].pass_us, rel=0.01)
+    assert profile.speculative.iteration_us == pytest.approx(CASES["vllm"].iteration_us, rel=0.02)
+    assert profile.name == "mine" and profile.device.name == load_profile("nvidia-h200-vllm").device.name
+    steps = (rows / "decode_steps.csv").read_text().splitlines()
+    assert steps[0] == DECODE_HEADER
+    runs = (rows / "speculative_runs.csv").read_text().splitlines()
+    assert runs[0] == SPEC_HEADER
+    records = list(csv.DictReader(steps))
+    assert {r["engine_version"] for r in records} == {"0.11.0"} and {r["device"] for r in records} == {"H200"}
+    latency = next(r for r in records if r["raw_file"] == "latency-b8.pytorch.json")
+    printed = ("s (batch latency)", "yes", "8")  # the file's enforce_eager wins over --cuda-graphs
+    assert (latency["unit"], latency["cuda_graphs"], latency["batch"]) == printed
+    code, _, err = cli("profile", "fit-engine", *files, "--profile", "nvidia-h200-vllm", "--model", "opt-30b", "--out", out, "--rows", rows)
+    assert code == 0, err  # its own rows folder is written again
+
+
+def test_fit_engine_run_format_and_refusals(cli, tmp_path: Path) -> None:
+    out = tmp_path / "p.toml"
+    serve = EXAMPLES / "vllm" / "serve-c1.json"
+    base = ("profile", "fit-engine", serve, "--profile", "nvidia-h200-vllm", "--model", "opt-30b")
+    code, _, err = cli(*base, "--run-format", "mlx-lm-generate", "--out", out)
+    assert_one_line_error(code, err, "serve-c1.json", "no run")
+    code, _, err = cli(*base, "--run-format", "nope", "--out", out)
+    assert_one_line_error(code, err, "unknown engine output format 'nope'")
+    code, _, err = cli("profile", "fit-engine", serve, "--profile", "nvidia-h200-vllm", "--model", "qwen3-30b-a3b", "--out", out)
+    assert_one_line_error(code, err, "qwen3-30b-a3b", "dense")
+    mixed = [serve, EXAMPLES / "sglang" / "bench-one-batch.log"]
+    code, _, err = cli("profile", "fit-engine", *mixed, "--profile", "nvidia-h200-vllm", "--model", "opt-30b", "--out", out)
+    assert_one_line_error(code, err, "several engines")
+    code, _, err = cli("profile", "fit-engine", serve, "--profile", "nvidia-h200-vllm", "--model", "opt-30b", "--out", serve)
+    assert code == 2 and "Traceback" not in err
+    assert json.loads(serve.read_text())["mean_tpot_ms"] > 0  # the input is untouched
+    assert not out.exists()
+
+
+def test_spec_run_without_a_drafter_leaves_iteration_at_zero_and_says_why(tmp_path: Path) -> None:
+    rows = read_outputs([str(p) for p in sorted((EXAMPLES / "vllm").iterdir())])
+    case = CASES["vllm"]
+    fitted = fit_engine(rows, sorted((EXAMPLES / "vllm").iterdir()), load_profile(case.profile), load_preset("opt-30b"), case.weight_format)
+    assert fitted.terms.iteration_us == 0.0 and "drafter" in fitted.terms.basis["iteration_us"]
+
+
+def test_one_row_takes_full_uncertainty() -> None:
+    rows = read_outputs([str(EXAMPLES / "vllm" / "serve-c1.json")])
+    case = CASES["vllm"]
+    fitted = fit_engine(rows, [EXAMPLES / "vllm" / "serve-c1.json"], load_profile(case.profile), load_preset("opt-30b"), case.weight_format)
+    assert fitted.terms.uncertainty["pass_us"] == 1.0 and fitted.terms.heldout == ()
+
+
+def test_kernels_are_the_profiles_without_its_spec_path() -> None:
+    """The fit prices forwards with the bare profile: a profile already carrying terms fits the same."""
+    case = CASES["mlx"]
+    rows = read_outputs([str(EXAMPLES / "mlx" / "benchmark.log")])
+    base = load_profile(case.profile)
+    fitted = fit_engine(rows, [EXAMPLES / "mlx" / "benchmark.log"], base, load_preset("opt-30b"), case.weight_format)
+    again = fit_engine(rows, [EXAMPLES / "mlx" / "benchmark.log"], fitted.profile, load_preset("opt-30b"), case.weight_format)
+    assert again.terms.pass_us == pytest.approx(fitted.terms.pass_us)
+    bare = with_spec_path(base, None)
+    model = StepTimeModel(load_preset("opt-30b"), bare, default_engine(bare), case.weight_format)
+    (first, *_) = fitted.terms.forwards
+    assert first.kernel_us == pytest.approx(model.dense_pass_us(1, 512 + 128, 1))

@@ -409,7 +409,7 @@ def draft_for(name_or_path: str | Path, target: ModelPreset) -> ModelPreset:
         kind="dense",
         layers=int(table["layers"]),
         hidden=target.hidden,
-        vocab=target.vocab,
+        vocab=int(table.get("draft_vocab", target.vocab)),
         attention=dataclasses.replace(target.attention, sliding_window=0, sinks=False)
         if target.attention.kind != "mla"
         else AttentionShape("mha", target.attention.heads, target.attention.heads, 128),

@@ -28,6 +28,20 @@ PUBLISHED = {
     "glm-4.5-air": 106.0,
     "opt-30b": 30.0,
     "opt-350m": 0.331,
+    "llama-2-7b": 6.74,
+    "vicuna-7b": 6.74,
+    "llama-3.1-8b": 8.03,
+    "llama-3.3-70b": 70.6,
+    "llama-3.2-1b": 1.24,
+    "llama-3.2-3b": 3.21,
+    "codellama-34b": 33.7,
+    "qwen2.5-0.5b": 0.494,
+    "qwen2.5-1.5b": 1.54,
+    "qwen2.5-3b": 3.09,
+    "qwen2.5-7b": 7.62,
+    "qwen2.5-32b": 32.5,
+    "qwen2.5-72b": 72.7,
+    "qwen3-8b": 8.19,
 }
 # Presets without a published total found first-hand: the figure in the model's name.
 NAMED = {

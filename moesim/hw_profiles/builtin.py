@@ -65,8 +65,8 @@ def spec_paths_to_toml(paths: dict[str, SpecPath], header: str) -> str:
     toml_section(lines, None, {"format": SPEC_PATHS_FORMAT, "format_version": FORMAT_VERSION})
     for name, spec in paths.items():
         toml_section(lines, f"profiles.{toml_value(name)}", spec.table())
-        if spec.basis:
-            toml_section(lines, f"profiles.{toml_value(name)}.basis", spec.basis)
+        for sub, table in spec.sub_tables().items():
+            toml_section(lines, f"profiles.{toml_value(name)}.{sub}", table)
     sources_lines(lines, {spec.source_id: spec.provenance for spec in paths.values()})
     return "\n".join(lines) + "\n"
 

@@ -552,8 +552,8 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         lines.extend(dispatch_lines(profile.dispatch))
     if profile.speculative is not None:
         toml_section(lines, "speculative", profile.speculative.table())
-        if profile.speculative.basis:
-            toml_section(lines, "speculative.basis", profile.speculative.basis)
+        for name, table in profile.speculative.sub_tables().items():
+            toml_section(lines, f"speculative.{name}", table)
     sources_lines(lines, profile.sources)
     return "\n".join(lines) + "\n"
 

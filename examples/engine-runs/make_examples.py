@@ -1,11 +1,14 @@
 """Write the example engine outputs of this folder from stated engine terms: NOT measurements.
 
-Every number is the formula of `moesim profile fit-engine` run forwards: a forward's time is the
-profile's kernel time for it (`StepTimeModel.dense_pass_us` on the profile without its own spec
-path) plus the engine's host time per forward `pass_us`; a speculative iteration adds its draft
-forwards (the drafter's cost model) and `iteration_us`. Each engine's terms are in `CASES`; the
-files are printed in each tool's own layout (read in the tools' source), rounded as the tools
-print. `tests/test_engine_runs.py` fits them back and recovers the terms.
+Every number is the engine-time model `moesim profile fit-engine` fits (`moesim.sim.engine.fit`),
+run forwards: a forward's kernels are the device's datasheet dense family
+(`moesim.sim.engine.fit.device_profile`), the engine adds its host time per forward `pass_us`;
+a speculative iteration of a draft model of k steps is its draft forwards, the verify forward of
+k + 1 tokens, k + 1 host times and `iteration_us`. Each engine's terms are in `CASES` (no
+launches: every forward as the engine captures it); the files are printed in each tool's own
+layout (read in the tools' source), rounded as the tools print, and a `vllm bench latency` batch
+is its prefill forward plus output_len − 1 decode forwards. `tests/test_engine_runs.py` fits them
+back and recovers the terms.
 
     python examples/engine-runs/make_examples.py [FOLDER]     # default: this folder
 """
@@ -19,11 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from moesim.hw_profiles import load_profile
-from moesim.hw_profiles.builtin import with_spec_path
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import draft_us, make_drafter
-from moesim.sim.cost.steptime import StepTimeModel, default_engine
+from moesim.sim.cost.drafters import draft_steps, draft_us, make_drafter
+from moesim.sim.cost.steptime import StepTimeModel
+from moesim.sim.engine.fit import device_profile
 
 NOTE = "synthetic: written by examples/engine-runs/make_examples.py from stated engine terms, not a measurement"
 TARGET, DRAFTER = "opt-30b", "opt-350m"
@@ -35,6 +37,7 @@ class Case:
 
     folder: str
     profile: str
+    device_key: str
     weight_format: str
     pass_us: float
     iteration_us: float
@@ -42,10 +45,10 @@ class Case:
 
 
 CASES = (
-    Case("vllm", "nvidia-h200-vllm", "BF16", 1800.0, 900.0, "0.11.0"),
-    Case("sglang", "nvidia-h200-vllm", "BF16", 700.0, 500.0, "0.5.4"),
-    Case("llamacpp", "nvidia-rtx-4090-llamacpp", "Q4_0", 300.0, 200.0, "b6800"),
-    Case("mlx", "apple-m3-ultra-mlx", "BF16", 2500.0, 0.0, "0.28.0"),
+    Case("vllm", "nvidia-h200-vllm", "nvidia-h200", "BF16", 1800.0, 900.0, "0.11.0"),
+    Case("sglang", "nvidia-h200-vllm", "nvidia-h200", "BF16", 700.0, 500.0, "0.5.4"),
+    Case("llamacpp", "nvidia-rtx-4090-llamacpp", "nvidia-rtx-4090", "Q4_0", 300.0, 200.0, "b6800"),
+    Case("mlx", "apple-m3-ultra-mlx", "apple-m3-ultra", "BF16", 2500.0, 0.0, "0.28.0"),
 )
 
 
@@ -54,9 +57,8 @@ class Engine:
 
     def __init__(self, case: Case) -> None:
         self.case = case
-        profile = with_spec_path(load_profile(case.profile), None)
         preset = load_preset(TARGET)
-        self.model = StepTimeModel(preset, profile, default_engine(profile), case.weight_format)
+        self.model = StepTimeModel(preset, device_profile(case.device_key), "per_slot", case.weight_format)
         self.drafter = make_drafter(DRAFTER, preset, case.weight_format)
 
     def step_us(self, batch: int, context: float, tokens_per_sequence: int = 1) -> float:
@@ -64,9 +66,10 @@ class Engine:
         return self.model.dense_pass_us(batch * tokens_per_sequence, batch * context, batch) + self.case.pass_us
 
     def iteration_us(self, batch: int, context: float, draft_len: int) -> float:
-        """Draft forwards + verify of k + 1 tokens + pass_us + iteration_us."""
+        """Draft forwards + verify of k + 1 tokens + (1 + steps) · pass_us + iteration_us (a draft model's forwards are whole forwards)."""
         drafted = draft_us(self.drafter, np.full(batch, draft_len), context, self.model.dense_family_us)
-        return drafted + self.step_us(batch, context, draft_len + 1) + self.case.iteration_us
+        hosts = draft_steps(self.drafter, draft_len) * self.case.pass_us
+        return drafted + self.step_us(batch, context, draft_len + 1) + hosts + self.case.iteration_us
 
 
 def _write(path: Path, text: str) -> None:
@@ -177,13 +180,13 @@ def write_sglang(engine: Engine, folder: Path) -> None:
 
 
 def write_llamacpp(engine: Engine, folder: Path) -> None:
-    """llama-bench tg128 at depth 0 and 2048 (markdown), and one llama-speculative run."""
+    """llama-bench tg320 @ d32 and tg128 @ d2048 (markdown), and one llama-speculative run."""
     header = "| model                          |       size |     params | backend    | ngl |            test |                  t/s |"
     rule = "| ------------------------------ | ---------: | ---------: | ---------- | --: | --------------: | -------------------: |"
     rows = [NOTE, "", header, rule]
-    for depth in (0, 2048):
-        rate = 1e6 / engine.step_us(1, depth + 64)
-        test = "tg128" + (f" @ d{depth}" if depth else "")
+    for depth, generated in ((32, 320), (2048, 128)):  # the first at the speculative run's prompt and length: its baseline
+        rate = 1e6 / engine.step_us(1, depth + generated / 2)
+        test = f"tg{generated} @ d{depth}"
         rows.append(f"| opt 30B Q4_0                   |  16.80 GiB |    29.97 B | CUDA       |  99 | {test:>15} | {rate:14.2f} ± 0.05 |")
     rows += ["", "build: 1a2b3c4 (6800)"]
     _write(folder / "llama-bench.md", "\n".join(rows) + "\n")

@@ -219,8 +219,7 @@ def profile_fit_engine(
     from moesim.hw_profiles import load_profile
     from moesim.hw_profiles.engine_runs import read_outputs, split_annotation, write_rows
     from moesim.hw_profiles.schema import write_profile
-    from moesim.models import load_preset
-    from moesim.sim.analysis.engine_terms import fit_engine
+    from moesim.sim.engine.user_runs import fit_user_engine
 
     paths = [split_annotation(argument)[0] for argument in outputs]
     protect(*paths)
@@ -229,12 +228,16 @@ def profile_fit_engine(
         check_out_dir(rows, force)
     context = RunContext(**from_options(RunContext, options, RUN_OPTIONS), model=model)
     read = read_outputs(outputs, context, run_format)
-    result = fit_engine(read, paths, load_profile(profile), load_preset(model), weight_format, drafter, name or out.stem)
-    title = f"{'; '.join(result.engines)}: {len(read.steps)} plain-decoding rows, {len(read.runs)} speculative"
-    render_table(result.rows_table(), title=title)
-    render_table(result.terms_table(), title=f"Engine terms on {result.profile.device.name} (beyond the kernels of {profile})")
-    if result.terms.heldout:
-        render_table(result.heldout_table(), title="Held out: each batch size (and each speculative run) left out of the fit, predicted")
+    result = fit_user_engine(read, paths, load_profile(profile), model, weight_format, drafter, context.device, name or out.stem)
+    spec = result.fit.spec
+    title = f"{spec.engine} on {result.device_key}: {len(read.steps)} plain-decoding rows, {len(read.runs)} speculative"
+    render_table(result.rows_table(), title=title, caption="µs; predicted = kernels (the device's datasheet dense family) + the terms")
+    caption = f"held out (each row's source left out, predicted): median {100 * spec.heldout_error:.1f} %"
+    render_table(result.terms_table(), title=f"Engine terms of {spec.engine} on {result.device_key}", caption=caption)
+    if result.fit.runs:
+        render_table(result.runs_table(), title="Speculative runs: measured and fitted speedup")
+    for source, reason in result.left_out:
+        console.print(f"left out: {source}: {reason}", markup=False)
     if rows is not None:
         with output_dir(rows, force) as staging:
             write_rows(read, staging)

@@ -253,13 +253,15 @@ def cell(value: object) -> str:
 def pair_baselines(runs: list[SpecRun], steps: list[DecodeStep]) -> list[SpecRun]:
     """Each speculative run without a baseline paired with the plain decoding of the same engine
     (its first word: llama-bench names the backend), version, device, model and batch (one token
-    per pass), when exactly one such row exists."""
+    per pass); of several, the one whose mean context is nearest the run's."""
     paired = []
     for run in runs:
         if run.baseline_value is None:
             key = (run.engine.split()[0], run.engine_version, run.device, run.target_model, run.batch, 1)
             same = [s for s in steps if (s.engine.split()[0], s.engine_version, s.device, s.model, s.batch, s.tokens_per_pass) == key]
-            run = run.with_baseline(same[0]) if len(same) == 1 else run
+            context = float(run.input_len or 0) + float(run.output_len or 0) / 2
+            nearest = min(same, key=lambda s: abs(float(s.input_len or 0) + float(s.output_len or 0) / 2 - context), default=None)
+            run = run.with_baseline(nearest) if nearest is not None else run
         paired.append(run)
     return paired
 

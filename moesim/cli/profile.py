@@ -217,7 +217,7 @@ def profile_fit_engine(
     from moesim.atomic import check_out_dir, check_writable, output_dir, protect
     from moesim.cli.options import from_options
     from moesim.hw_profiles import load_profile
-    from moesim.hw_profiles.engine_runs import read_outputs, split_annotation, write_rows
+    from moesim.hw_profiles.engine_runs import context_of_options, read_outputs, split_annotation, write_rows
     from moesim.hw_profiles.schema import write_profile
     from moesim.sim.engine.user_runs import fit_user_engine
 
@@ -226,7 +226,7 @@ def profile_fit_engine(
     check_writable(out)
     if rows is not None:
         check_out_dir(rows, force)
-    context = RunContext(**from_options(RunContext, options, RUN_OPTIONS), model=model)
+    context = context_of_options(from_options(RunContext, options, RUN_OPTIONS), model=model)
     read = read_outputs(outputs, context, run_format)
     result = fit_user_engine(read, paths, load_profile(profile), model, weight_format, drafter, context.device, name or out.stem)
     spec = result.fit.spec

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from moesim.errors import ConfigError, InputError
+from moesim.fields import FieldError, option_name
 from moesim.hw_profiles.engine_runs import llamacpp, mlx, sglang, vllm
 from moesim.hw_profiles.engine_runs.rows import (
     DECODE_COLUMNS,
@@ -193,6 +194,14 @@ def split_annotation(argument: str) -> tuple[Path, RunContext]:
         return Path(path), RunContext(**values)  # type: ignore[arg-type]
     except ConfigError as exc:
         raise InputError(f"{argument}: {exc}") from None
+
+
+def context_of_options(options: dict[str, Any], **given: Any) -> RunContext:
+    """The command's options as a RunContext; a value out of bounds is one line naming its option."""
+    try:
+        return RunContext(**options, **given)
+    except FieldError as exc:
+        raise InputError(f"{option_name(RunContext, exc.field)}: {exc.detail}") from None
 
 
 def read_text(path: Path) -> str:

@@ -34,7 +34,8 @@ def test_forward_pays_launches_beyond_the_captured_size_and_on_an_eager_verify()
     spec = spec_path_from_table(table, "speculative", SOURCES, _fail)
     assert spec.forward_us(8, 32) == 100.0
     assert spec.forward_us(9, 32) == 100.0 + 320.0
-    assert spec.forward_us(2, 32, verifying=True) == 100.0 + 320.0
+    assert spec.overhead_us(1, 2, target_layers=32) == 320.0  # a verify inside the captured sizes run eager
+    assert spec.overhead_us(1, 9, target_layers=32) == 0.0  # wider: its forward pays the launches (forward_us)
     # a draft model's step is a whole forward of its layers (in the graph at one row), plus draft_step_us
     spec = dataclasses.replace(spec, draft_step_us=5.0, iteration_us=1.0)
     assert spec.overhead_us(2, 6, draft_model_layers=24) == 1.0 + 2 * (5.0 + 100.0)

@@ -6,7 +6,7 @@ sampling every iteration (`pass_us`), and, when the pass runs eager (no CUDA gra
 never captures one, or the pass is wider than the largest size it captured, or a verify pass the
 engine runs outside its graph), every layer's kernel launches (`launch_us_per_layer`):
 
-    E(n, layers) = pass_us + launch_us_per_layer · layers · [n > graph_max_tokens or verify_eager and verifying]
+    E(n, layers) = pass_us + launch_us_per_layer · layers · [n > graph_max_tokens]
 
 A speculative iteration adds what its draft forwards and its verify pass do not show (building
 the tree, rejection sampling, rolling the KV cache back, host syncs between draft steps); a draft
@@ -14,9 +14,12 @@ the tree, rejection sampling, rolling the KV cache back, host syncs between draf
 layers to every draft step):
 
     O(steps, tokens) = iteration_us + steps · (draft_step_us + E_draft) + verified_token_us · tokens
+                       + launch_us_per_layer · layers · [verify_eager and tokens <= graph_max_tokens]
 
-(tokens: every verified token of the batch, roots included; O = 0 for a plain decode pass; vLLM
-V0's batch-expansion scoring shows as a larger `verified_token_us`). Each term has its kind
+(tokens: every verified token of the batch, roots included; O = 0 for a plain decode pass; the
+last term: a verify pass the engine runs outside its graph though its size was captured; vLLM
+V0's batch-expansion scoring shows as a larger `verified_token_us`). Both are linear in the terms,
+so a fit reads each term's coefficient from these formulas at unit terms (`unit`). Each term has its kind
 (`kinds`: calibrated, transferred, published, assumed) and its relative uncertainty (`uncertainty`,
 a half-width: the term lies in value · (1 ± u)); `heldout_error` bounds what the terms leave out.
 
@@ -47,6 +50,7 @@ theirs from `data/spec_paths.toml`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,7 +59,7 @@ from typing import Any
 from moesim.errors import ConfigError
 from moesim.hw_profiles.provenance import Provenance
 
-SPEC_TERMS = ("pass_us", "launch_us_per_layer", "iteration_us", "draft_step_us", "verified_token_us")
+SPEC_TERMS = ("pass_us", "launch_us_per_layer", "draft_step_us", "iteration_us", "verified_token_us")
 TERM_KINDS = ("calibrated", "transferred", "published", "assumed")
 _FLAGS = ("graph_max_tokens", "verify_eager", "engine")
 _KEYS = {*SPEC_TERMS, *_FLAGS, "heldout_error", "covers", "note", "source", "basis", "uncertainty", "kinds"}
@@ -83,14 +87,16 @@ class SpecPath:
     uncertainty: dict[str, float] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
 
-    def eager(self, n_tokens: int, verifying: bool = False) -> bool:
-        """Whether a forward of n tokens runs outside the graph."""
-        return n_tokens > self.graph_max_tokens or (verifying and self.verify_eager)
+    def eager(self, n_tokens: int) -> bool:
+        """Whether a forward of n tokens runs outside the graph (wider than the largest captured)."""
+        return n_tokens > self.graph_max_tokens
 
-    def forward_us(self, n_tokens: int, layers: int, verifying: bool = False, scale: dict[str, float] | None = None) -> float:
-        """E = pass_us + launch_us_per_layer·layers when eager (each term times scale[term], default 1)."""
+    def forward_us(self, n_tokens: int, layers: int, scale: dict[str, float] | None = None, eager: bool | None = None) -> float:
+        """E = pass_us + launch_us_per_layer·layers when the forward of n tokens runs eager (`eager`
+        as measured, else beyond the captured sizes); each term times scale[term] (default 1)."""
         s = scale or {}
-        launches = self.launch_us_per_layer * s.get("launch_us_per_layer", 1.0) * layers if self.eager(n_tokens, verifying) else 0.0
+        run_eager = self.eager(n_tokens) if eager is None else eager
+        launches = self.launch_us_per_layer * s.get("launch_us_per_layer", 1.0) * layers if run_eager else 0.0
         return self.pass_us * s.get("pass_us", 1.0) + launches
 
     def overhead_us(
@@ -99,17 +105,26 @@ class SpecPath:
         verified_tokens: int,
         draft_model_layers: int = 0,
         draft_rows: int = 1,
+        target_layers: int = 0,
         scale: dict[str, float] | None = None,
     ) -> float:
-        """O = iteration_us + steps·(draft_step_us + E_draft) + verified_token_us·tokens; 0 without drafts."""
+        """O = iteration_us + steps·(draft_step_us + E_draft) + verified_token_us·tokens, plus the
+        target's launches when its verify runs eager inside the captured sizes; 0 without drafts."""
         if draft_steps <= 0:
             return 0.0
         s = scale or {}
         step = self.draft_step_us * s.get("draft_step_us", 1.0)
         if draft_model_layers:
-            step += self.forward_us(draft_rows, draft_model_layers, scale=s)
-        iteration = self.iteration_us * s.get("iteration_us", 1.0)
-        return iteration + step * draft_steps + self.verified_token_us * s.get("verified_token_us", 1.0) * verified_tokens
+            step += self.forward_us(draft_rows, draft_model_layers, s)
+        iteration = self.iteration_us * s.get("iteration_us", 1.0) + step * draft_steps
+        if self.verify_eager and not self.eager(verified_tokens):
+            iteration += self.launch_us_per_layer * s.get("launch_us_per_layer", 1.0) * target_layers
+        return iteration + self.verified_token_us * s.get("verified_token_us", 1.0) * verified_tokens
+
+    def unit(self, term: str) -> SpecPath:
+        """These flags with `term` = 1 and every other term 0: E and O at it are that term's coefficient."""
+        ones = {t: float(t == term) for t in SPEC_TERMS}
+        return dataclasses.replace(self, **ones)
 
     def uncertain_terms(self) -> tuple[str, ...]:
         """The nonzero terms with an uncertainty."""

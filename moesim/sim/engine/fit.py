@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -73,6 +74,19 @@ def graph_limit(engine_key: str, device_key: str) -> int:
     return ENGINE_HOSTS[engine_key].graph_max_tokens if device_spec(device_key).backend == "cuda" else 0
 
 
+def flags(engine_key: str, device_key: str) -> SpecPath:
+    """The engine's forwards on this device (graph capture, eager verify) with every term 0."""
+    host = ENGINE_HOSTS[engine_key]
+    zero = dict.fromkeys(("pass_us", "iteration_us", "draft_step_us", "verified_token_us", "heldout_error"), 0.0)
+    source = Provenance("assumed", note="flags only")
+    return SpecPath(**zero, provenance=source, graph_max_tokens=graph_limit(engine_key, device_key), verify_eager=host.verify_eager)
+
+
+def _coefficients(shape: SpecPath, cost: Callable[[SpecPath], float]) -> tuple[float, ...]:
+    """Each term's coefficient in a cost linear in the terms: the cost at that term = 1, the others 0."""
+    return tuple(cost(shape.unit(term)) for term in SPEC_TERMS)
+
+
 def draft_model_layers(drafter: Drafter) -> int:
     """Layers of a separate draft model (a whole forward per step), 0 for a head or a lookup."""
     if not isinstance(drafter, DenseModelDrafter) or isinstance(drafter, EagleDrafter):
@@ -108,14 +122,19 @@ class Equation:
 
 
 def step_equations(frame: pl.DataFrame) -> list[Equation]:
-    """The equations of decode-step rows (fit layout: `moesim.sim.engine.rows.STEP_COLUMNS`)."""
+    """The equations of decode-step rows (fit layout: `moesim.sim.engine.rows.STEP_COLUMNS`): a
+    forward as measured (eager or in a graph), a batch-expansion scorer's expanded tokens verified."""
     out = []
     for r in frame.iter_rows(named=True):
         model = _model(r["preset"], r["device_key"], r["weight_format"], int(r["tp"]))
-        n, sequences = int(r["tokens_per_forward"]), int(r["sequences"])
+        n, sequences, layers = int(r["tokens_per_forward"]), int(r["sequences"]), model.preset.layers
         kernel = model.dense_pass_us(n, float(r["context_tokens"]) * sequences, sequences)
-        layers = model.preset.layers * float(bool(r["eager"]))
-        coefficients = (1.0, layers, 0.0, 0.0, float(r["verified_tokens"]))
+        verified, eager = int(r["verified_tokens"]), bool(r["eager"])
+
+        def cost(unit: SpecPath, n: int = n, layers: int = layers, eager: bool = eager, verified: int = verified) -> float:
+            return unit.forward_us(n, layers, eager=eager) + unit.verified_token_us * verified
+
+        coefficients = _coefficients(flags(r["engine_key"], r["device_key"]), cost)
         out.append(Equation(int(r["row"]), "decode step", r["source_url"], n, float(r["time_us"]), float(kernel), coefficients))
     return out
 
@@ -146,23 +165,25 @@ def run_parts(frame: pl.DataFrame) -> list[RunParts]:
         model = _model(r["preset"], r["device_key"], r["weight_format"], int(r["tp"]))
         drafter = run_drafter(r["preset"], r["drafter"], r["weight_format"], r["draft_format"])
         k, batch, context = int(r["draft_len"]), int(r["batch"]), float(r["context_tokens"])
-        width = drafter.tree.width(k)
-        limit, host = graph_limit(r["engine_key"], r["device_key"]), ENGINE_HOSTS[r["engine_key"]]
-        layers = model.preset.layers
+        width, layers = drafter.tree.width(k), model.preset.layers
         single = float(model.dense_pass_us(batch, context * batch, batch))
         verify = float(model.dense_pass_us(batch * width, context * batch, batch))
         drafted = float(draft_us(drafter, np.full(batch, k), context, model.dense_family_us))
         steps, draft_layers = draft_steps(drafter, k), draft_model_layers(drafter)
-        m = 1.0 if draft_layers else 0.0
-        verify_eager = batch * width > limit or host.verify_eager
-        launch = layers * float(verify_eager) + m * steps * draft_layers * float(batch > limit)
+        shape = flags(r["engine_key"], r["device_key"])
+
+        def spent(
+            unit: SpecPath, batch: int = batch, width: int = width, layers: int = layers, steps: int = steps, d: int = draft_layers
+        ) -> float:
+            return unit.forward_us(batch * width, layers) + unit.overhead_us(steps, batch * width, d, batch, layers)
+
         iteration = Equation(
             int(r["row"]), "speculative run", r["source_url"], batch * width, float(r["tau"]) * float(r["token_us"]), drafted + verify,
-            (1.0 + m * steps, launch, 1.0, float(steps), float(batch * width)),
+            _coefficients(shape, spent),
         )  # fmt: skip
         baseline = Equation(
             int(r["row"]), "baseline of run", r["source_url"], batch, float(r["baseline_token_us"]), single,
-            (1.0, layers * float(batch > limit), 0.0, 0.0, 0.0),
+            _coefficients(shape, lambda unit, batch=batch, layers=layers: unit.forward_us(batch, layers)),
         )  # fmt: skip
         measured = float(r["baseline_token_us"]) / float(r["token_us"])
         out.append(RunParts(int(r["row"]), r["source_url"], r["engine_key"], float(r["tau"]), measured, baseline, iteration))

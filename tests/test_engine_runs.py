@@ -282,6 +282,18 @@ def test_kernels_are_those_of_the_profiles_device_or_the_one_named() -> None:
     assert other.device_key == "apple-m3-max" and other.fit.spec.pass_us < own.fit.spec.pass_us
 
 
+def test_weight_format_defaults_to_the_one_the_rows_print() -> None:
+    """llama-bench names Q4_0 with the model: without --format the kernels are Q4_0's, as with it."""
+    case = CASES["llamacpp"]
+    rows, given = _fit(EXAMPLES / "llamacpp", case)
+    printed = fit_user_engine(rows, sorted((EXAMPLES / "llamacpp").iterdir()), load_profile(case.profile), "opt-30b", None, "opt-350m")
+    assert printed.fit.spec.pass_us == pytest.approx(given.fit.spec.pass_us)
+    rows = read_outputs([str(EXAMPLES / "mlx" / "benchmark.log")], RunContext(model="opt-30b"))
+    bf16 = fit_user_engine(rows, [EXAMPLES / "mlx" / "benchmark.log"], load_profile("apple-m3-ultra-mlx"), "opt-30b")
+    q4 = fit_user_engine(rows, [EXAMPLES / "mlx" / "benchmark.log"], load_profile("apple-m3-ultra-mlx"), "opt-30b", "Q4_0")
+    assert q4.fit.spec.pass_us > bf16.fit.spec.pass_us  # lighter weights, less of the measured time is kernels
+
+
 def test_unknown_engine_version_is_one_line(cli, tmp_path: Path) -> None:
     code, _, err = cli(
         "profile", "fit-engine", EXAMPLES / "vllm" / "serve-c1.json", "--profile", "nvidia-h200-vllm", "--model", "opt-30b",

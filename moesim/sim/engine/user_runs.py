@@ -34,6 +34,7 @@ from moesim.hw_profiles.catalog import catalog, device_of_profile, device_spec, 
 from moesim.hw_profiles.engine_runs import DecodeStep, EngineRows, SpecRun
 from moesim.hw_profiles.engine_runs.rows import LATENCY_UNIT, NA
 from moesim.hw_profiles.engines.host import ENGINE_HOSTS, engine_of
+from moesim.hw_profiles.importers.names import resolve_formats
 from moesim.hw_profiles.speculative import SPEC_TERMS
 from moesim.models import load_preset
 from moesim.sim.cost.parallel import Parallelism
@@ -190,6 +191,14 @@ def run_frame(
     return (pl.DataFrame(records) if records else pl.DataFrame()), left
 
 
+def printed_format(rows: EngineRows) -> str | None:
+    """The weight format every plain row names (llama-bench prints it with the model), None when they name none or several."""
+    named = {step.dtype for step in rows.steps if step.dtype != NA}
+    if len(named) != 1:
+        return None
+    return resolve_formats(named.pop(), "the runs' weight format")[1]
+
+
 def inputs_sha256(paths: list[Path]) -> str:
     """sha256 of the input files' bytes, concatenated in the order given."""
     digest = hashlib.sha256()
@@ -212,7 +221,7 @@ def fit_user_engine(
     target = load_preset(preset)
     if target.kind != "dense":
         raise InputError(f"model '{target.name}' is a {target.kind} preset: fit-engine prices dense targets (the engine's own path)")
-    fmt = weight_format or target.default_format
+    fmt = weight_format or printed_format(rows) or target.default_format
     where = str(inputs[0]) if inputs else "runs"
     engine_key = engine_key_of(rows, where)
     device_key = device_key_of(profile, device)

@@ -300,3 +300,37 @@ def test_unknown_engine_version_is_one_line(cli, tmp_path: Path) -> None:
         "--out", tmp_path / "p.toml",
     )  # fmt: skip
     assert_one_line_error(code, err, "serve-c1.json", "vLLM", "--engine-version")
+
+
+def test_fit_engine_remaining_options_together(cli, tmp_path: Path) -> None:
+    """--batch/--input-len/--output-len (and per-file annotations), --draft, --draft-len, --format, --name,
+    --rows into a folder holding a user's file with --force: each shows in what is written."""
+    latencies = []
+    for batch, seconds in ((1, 1.9), (8, 2.1)):
+        path = tmp_path / f"lat{batch}.json"
+        path.write_text(json.dumps({"avg_latency": seconds, "std_latency": 0.0, "latencies": [seconds], "percentiles": {}}))
+        latencies.append(f"{path}@batch={batch}" if batch > 1 else str(path))
+    spec = tmp_path / "spec.jsonl"
+    serving = (EXAMPLES / "sglang" / "bench-serving.jsonl").read_text().splitlines()
+    spec.write_text(serving[0] + "\n" + serving[2] + "\n")  # the plain run at batch 2, then the speculative one
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "notes.txt").write_text("mine")
+    out = tmp_path / "x.toml"
+    code, _, err = cli(
+        "profile", "fit-engine", *latencies, "--profile", "nvidia-h200-vllm", "--model", "opt-30b", "--engine-version", "0.11.0",
+        "--batch", "1", "--input-len", "32", "--output-len", "128", "--format", "BF16", "--name", "my-h200", "--out", out,
+        "--rows", rows, "--force",
+    )  # fmt: skip
+    assert code == 0, err
+    assert read_profile(out).name == "my-h200" and (rows / "notes.txt").read_text() == "mine"
+    records = list(csv.DictReader((rows / "decode_steps.csv").read_text().splitlines()))
+    assert [(r["batch"], r["input_len"], r["output_len"]) for r in records] == [("1", "32", "128"), ("8", "32", "128")]
+    code, _, err = cli(
+        "profile", "fit-engine", EXAMPLES / "sglang" / "bench-one-batch.log", spec, "--profile", "nvidia-h200-vllm", "--model",
+        "opt-30b", "--drafter", "opt-350m", "--draft", "OPT-350M", "--draft-len", "3", "--out", out, "--rows", tmp_path / "r2",
+    )  # fmt: skip
+    assert code == 0, err
+    (run,) = csv.DictReader((tmp_path / "r2" / "speculative_runs.csv").read_text().splitlines())
+    assert (run["draft"], run["draft_len"], run["acceptance"]) == ("OPT-350M", "3", "AL 2.5")
+    assert read_profile(out).speculative.draft_step_us > 0

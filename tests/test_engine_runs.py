@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -334,3 +335,27 @@ def test_fit_engine_remaining_options_together(cli, tmp_path: Path) -> None:
     (run,) = csv.DictReader((tmp_path / "r2" / "speculative_runs.csv").read_text().splitlines())
     assert (run["draft"], run["draft_len"], run["acceptance"]) == ("OPT-350M", "3", "AL 2.5")
     assert read_profile(out).speculative.draft_step_us > 0
+
+
+def test_real_llama_cpp_timing_lines_are_read(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp (through llama-cpp-python) decodes a tiny dense model built here; its own timing
+    lines on stderr are read as plain decoding at batch 1, the numbers as it printed them."""
+    import llama_cpp
+
+    from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(arch="llama", experts=0, layers=2))
+    capfd.readouterr()
+    llm = llama_cpp.Llama(str(model), n_ctx=256, n_threads=1, verbose=True)
+    llm.create_completion("hello world", max_tokens=24, temperature=0.0)
+    del llm
+    captured = capfd.readouterr()
+    log = tmp_path / "llama-cli.log"
+    log.write_text(captured.out + captured.err)
+    text = log.read_text()
+    printed = re.search(r"(?<!prompt )eval time =\s*([0-9.]+) ms /\s*(\d+) runs.*?([0-9.]+) tokens per second", text)
+    assert printed is not None, text[-2000:]
+    (step,) = read_outputs([str(log)]).steps
+    assert (step.engine, step.batch, step.output_len, step.value) == ("llama.cpp", 1, int(printed[2]), float(printed[3]))
+    runs = int(printed[2])  # eval time is printed to 0.01 ms: 5 µs / runs of rounding per forward
+    assert step.forward_us() == pytest.approx(1000 * float(printed[1]) / runs, rel=1e-3, abs=5.0 / runs)

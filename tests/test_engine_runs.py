@@ -359,3 +359,60 @@ def test_real_llama_cpp_timing_lines_are_read(tmp_path: Path, capfd: pytest.Capt
     assert (step.engine, step.batch, step.output_len, step.value) == ("llama.cpp", 1, int(printed[2]), float(printed[3]))
     runs = int(printed[2])  # eval time is printed to 0.01 ms: 5 µs / runs of rounding per forward
     assert step.forward_us() == pytest.approx(1000 * float(printed[1]) / runs, rel=1e-3, abs=5.0 / runs)
+
+
+def _tiny_mlx_model(folder: Path) -> Path:
+    """A random 2-layer llama in MLX's layout (config.json, safetensors) with a word-level tokenizer: nothing downloaded."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder.mkdir()
+    vocab = {f"t{i}": i for i in range(256)} | {"<unk>": 256}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "eos_token": "<unk>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    config = {
+        "model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 257, "tie_word_embeddings": False,
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return folder
+
+
+def test_real_mlx_lm_statistics_are_read(tmp_path: Path) -> None:
+    """mlx_lm (CPU backend) runs its own benchmark at batch 2 and its generate on a tiny random model;
+    their printed statistics are read as they printed them."""
+    import os
+    import subprocess
+
+    model = _tiny_mlx_model(tmp_path / "model")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    runs = {
+        "benchmark.log": ["-m", "mlx_lm.benchmark", "--model", str(model), "-p", "16", "-g", "16", "-b", "2", "-n", "1"],
+        "generate.log": ["-m", "mlx_lm", "generate", "--model", str(model), "--prompt", "t1 t2 t3", "--max-tokens", "12"],
+    }
+    for name, args in runs.items():
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        (tmp_path / name).write_text(done.stdout)
+    bench = (tmp_path / "benchmark.log").read_text()
+    rate = float(re.search(r"Averages: .*generation_tps=([0-9.]+)", bench)[1])
+    (step,) = read_outputs([str(tmp_path / "benchmark.log")]).steps
+    assert (step.engine, step.batch, step.unit, step.value, step.input_len, step.output_len) == (
+        "MLX-LM",
+        2,
+        "t/s (batch total)",
+        rate,
+        16,
+        16,
+    )
+    generated = re.search(r"Generation: (\d+) tokens, ([0-9.]+) tokens-per-sec", (tmp_path / "generate.log").read_text())
+    (step,) = read_outputs([str(tmp_path / "generate.log")]).steps
+    assert (step.batch, step.output_len, step.value, step.input_len) == (1, int(generated[1]), float(generated[2]), 3)

@@ -126,3 +126,46 @@ def test_a_term_no_row_separates_is_zero_and_says_so() -> None:
     assert fit.spec.pass_us > 0
     assert fit.spec.iteration_us == 0.0 and "no row separates it" in fit.spec.basis["iteration_us"]
     assert fit.spec.uncertainty["pass_us"] == pytest.approx(0.5)  # one source: the assumed half-width
+
+
+def test_every_forward_of_the_step_time_model_pays_the_engine_and_its_launches_beyond_the_graph() -> None:
+    import numpy as np
+
+    from moesim.hw_profiles import load_profile
+    from moesim.hw_profiles.builtin import with_spec_path
+    from moesim.models import load_preset
+    from moesim.sim.cost.steptime import StepTimeModel
+
+    preset = load_preset("qwen3-30b-a3b")
+    base = with_spec_path(load_profile("nvidia-h200-vllm"), None)
+    table = {"pass_us": 500.0, "launch_us_per_layer": 7.0, "graph_max_tokens": 4, "source": "s"}
+    spec = spec_path_from_table(table, "speculative", SOURCES, _fail)
+    plain, timed = StepTimeModel(preset, base, "dispatch"), StepTimeModel(preset, with_spec_path(base, spec), "dispatch")
+    distinct, most = np.full(len(preset.moe_layers), 8), np.full(len(preset.moe_layers), 1)
+    for n, extra in ((2, 500.0), (4, 500.0), (5, 500.0 + 7.0 * preset.layers)):
+        assert timed.counts_pass_us(n, distinct, most, 100.0) == pytest.approx(plain.counts_pass_us(n, distinct, most, 100.0) + extra)
+        assert timed.dense_pass_us(n, 100.0) == pytest.approx(plain.dense_pass_us(n, 100.0) + extra)
+    tables = timed.pass_tables
+    tables.ensure(8)
+    assert tables.comm[3] == 500.0 and tables.comm[8] == 500.0 + 7.0 * preset.layers  # the compiled pass's per-size constants
+    cost = timed.pass_cost(uniform_features(preset, 6))
+    assert cost.total_us() == pytest.approx(plain.pass_cost(uniform_features(preset, 6)).total_us() + 500.0 + 7.0 * preset.layers)
+    assert set(cost.engine_parts_us) == {"pass_us", "launch_us_per_layer"}
+
+
+def uniform_features(preset, n_tokens: int):  # type: ignore[no-untyped-def]
+    """One pass's features, every MoE layer alike: n tokens, n·K slots, as many distinct experts, one token each."""
+    import numpy as np
+
+    from moesim.kernels.features import RoutingFeatures
+
+    layers = np.ones(len(preset.moe_layers))
+    slots = float(n_tokens * preset.top_k)
+    return RoutingFeatures(n_tokens * layers, slots * layers, min(slots, preset.experts) * layers, layers)
+
+
+def test_the_built_in_serving_profile_carries_engine_terms_so_the_lane_tests_cover_them() -> None:
+    from moesim.hw_profiles import load_profile
+
+    spec = load_profile("nvidia-h200-vllm").speculative  # tests/test_lane.py compares the lane with the Python loop on it
+    assert spec is not None and spec.pass_us > 0 and spec.overhead_us(1, 4) > 0

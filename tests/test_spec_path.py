@@ -22,7 +22,8 @@ from moesim.models import load_preset
 from moesim.sim.analysis.best_draft import best_draft_analysis
 from moesim.sim.analysis.scenario import Scenario, load_scenario
 from moesim.sim.cost.drafters import draft_us, make_drafter
-from moesim.sim.validate.spec_runs import RunCosts, fit_terms, held_out, write_spec_paths
+from moesim.sim.engine.builtin import write_spec_paths
+from moesim.sim.validate.spec_runs import RunCosts, fit_terms, held_out
 from moesim.tracegen.formats.trace import write_trace
 from moesim.tracegen.routing.synth import Uniform, synthesize
 
@@ -155,6 +156,30 @@ def test_verdict_by_hand_and_the_deciding_term(qwen3_trace: Path) -> None:
     assert flat.relative_cost[k] == pytest.approx(1.0, abs=0.01)  # a huge time per forward makes every pass cost the same
 
 
+def test_an_uncertain_engine_term_makes_the_verdict_uncertain_and_names_it(qwen3_trace: Path) -> None:
+    from moesim.sim.analysis.verdict import spec_costs
+
+    scenario = load_scenario(qwen3_trace, "nvidia-h200", None, None, "eagle3")
+    base = best_draft_analysis(scenario, [0.7], 4, verdict=True).verdicts[0]
+    plain_us = float(spec_costs(scenario, 4).target_us()[0])
+    even = (base.tokens_per_pass - base.break_even_tokens) * plain_us  # the overhead per iteration that makes S(k) = 1
+
+    def verdict_with(iteration_us: float, uncertainty: float):  # type: ignore[no-untyped-def]
+        spec = dataclasses.replace(spec_path(iteration_us=iteration_us, heldout_error=0.0), uncertainty={"iteration_us": uncertainty})
+        model = dataclasses.replace(scenario.model, profile=with_spec_path(scenario.model.profile, spec))
+        (verdict,) = best_draft_analysis(
+            Scenario(model, scenario.trace, scenario.drafter, scenario.context_tokens), [0.7], 4, verdict=True
+        ).verdicts
+        return verdict
+
+    verdict = verdict_with(0.9 * even, 0.9)
+    assert verdict.speedup > 1.0 > verdict.speedup_low
+    assert verdict.verdict == "uncertain" and verdict.uncertain_by == "engine iteration_us"
+    assert "fit_engine_terms" in verdict.calibrate and verdict.to_dict()["uncertain_by"] == "engine iteration_us"
+    sure = verdict_with(0.5 * even, 0.0)  # known exactly and far from even: the kernels' box alone, which does not reach 1
+    assert sure.verdict == "pays" and "uncertain_by" not in sure.to_dict()
+
+
 def test_best_draft_cli_takes_acceptance_lengths_rates_and_runs(cli, qwen3_trace: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     counts = tmp_path / "counts.csv"
     counts.write_text("accepted,drafted\n" + "".join(f"{a},3\n" for a in (3, 2, 0, 3, 1, 3)))
@@ -208,8 +233,14 @@ def test_shipped_spec_paths_are_current(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.chdir(REPO)
     written = write_spec_paths(tmp_path / "spec_paths.toml")
     shipped = REPO / "moesim" / "hw_profiles" / "data" / "spec_paths.toml"
-    assert written.read_text() == shipped.read_text(), "run python -m moesim.sim.validate.spec_runs"
-    profile = load_profile("apple-m3-ultra-mlx")
-    assert profile.speculative is not None and profile.speculative.pass_us > 0
-    assert {row.row for row in profile.speculative.provenance.rows} == {17, 18, 19, 20, 21, 22}
-    assert load_profile("nvidia-h200").speculative is None
+    assert written.read_text() == shipped.read_text(), "run python -m moesim.sim.engine.builtin"
+    mlx = load_profile("apple-m3-ultra-mlx").speculative
+    assert mlx is not None and mlx.kinds["draft_step_us"] == "transferred"  # no describable MLX dense row: llama.cpp's terms
+    vllm = load_profile("nvidia-h100-sxm-vllm").speculative  # the H100 is among vLLM V1's rows' devices
+    assert vllm is not None and vllm.engine == "vLLM V1" and vllm.pass_us > 0 and vllm.kinds["pass_us"] == "calibrated"
+    rows = {(r.row, r.variant) for r in vllm.provenance.rows}
+    assert {(84, "decode step"), (24, "speculative run"), (41, "speculative run")} <= rows
+    assert load_profile("nvidia-h200-vllm").speculative.kinds["pass_us"] == "transferred"  # type: ignore[union-attr]
+    llamacpp = load_profile("nvidia-rtx-3090-llamacpp").speculative  # fitted on whole passes: the time per forward is inside
+    assert llamacpp is not None and llamacpp.pass_us == 0.0 and llamacpp.launch_us_per_layer == 0.0 and llamacpp.draft_step_us > 0
+    assert load_profile("nvidia-h200").speculative is None  # the lab's kernels: no serving engine

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from moesim.cli.render import console, emit_json, print_json, render_table
 from moesim.models import builtin_names
@@ -163,8 +164,11 @@ def best_draft_command(
             result.verdict_table(),
             title=f"Does speculation pay? batch {result.batch}",
             caption="k: the best draft length >= 1, verify: its verify width, tau: tokens per pass; break_even = C(k), the "
-            "tokens per pass at which S = 1; decided_by: the largest term of C(k) - 1 (verify bytes, draft cost, spec overhead: --json)",
+            "tokens per pass at which S = 1; decided_by: the largest term of C(k) - 1 (verify bytes, draft cost, spec overhead: --json); "
+            "uncertain_by: the uncertain part that alone moves the speedup most (expert or dense kernels, an engine term)",
         )
+        for line in result.calibrations():
+            console.print(escape(f"calibrate: {line}"))
 
 
 def crossover_command(

@@ -51,6 +51,7 @@ theirs from `data/spec_paths.toml`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,6 +130,24 @@ class SpecPath:
     def uncertain_terms(self) -> tuple[str, ...]:
         """The nonzero terms with an uncertainty."""
         return tuple(t for t in SPEC_TERMS if getattr(self, t) > 0 and self.uncertainty.get(t, 0.0) > 0)
+
+    def corner_scales(self, only: str | None = None) -> list[dict[str, float]]:
+        """Every corner of the terms' box as scales: each uncertain term at (1 ± its uncertainty),
+        every term at (1 ± heldout_error) besides; `only`: that term's two ends alone ('heldout_error'
+        for the common factor)."""
+        if only is not None:
+            if only == "heldout_error":
+                return [dict.fromkeys(SPEC_TERMS, 1.0 + s * self.heldout_error) for s in (-1.0, 1.0)]
+            return [{only: 1.0 + s * self.uncertainty.get(only, 0.0)} for s in (-1.0, 1.0)]
+        terms = self.uncertain_terms()
+        out = []
+        for signs in itertools.product((-1.0, 1.0), repeat=len(terms)):
+            for h in (-1.0, 1.0) if self.heldout_error else (0.0,):
+                common = 1.0 + h * self.heldout_error
+                scale = dict.fromkeys(SPEC_TERMS, common)
+                scale.update({t: (1.0 + s * self.uncertainty[t]) * common for t, s in zip(terms, signs, strict=True)})
+                out.append(scale)
+        return out
 
     def table(self) -> dict[str, Any]:
         """The TOML table (basis, uncertainty and kinds as sub-tables)."""

@@ -18,7 +18,7 @@ from moesim.sim.analysis.speculation import (
     check_draft_lengths,
     tokens_per_pass,
 )
-from moesim.sim.cost.drafters import draft_steps, draft_us
+from moesim.sim.cost.drafters import draft_model_layers, draft_steps, draft_us
 from moesim.sim.cost.steptime import PassCost
 from moesim.tracegen.formats.trace import Trace
 
@@ -131,15 +131,14 @@ def batch_analysis(
         raise InputError("--moesd-slots verifies gamma = k slots of a chain; the drafter has a tree")
     verify = k if moesd_slots else tree.width(k)
     spec = scenario.model.profile.speculative
-    engine_pass = spec.pass_us if spec is not None else 0.0
+    layers, draft_layers = scenario.model.preset.layers, draft_model_layers(scenario.drafter)
     rows = []
-    for b in batches:
+    for b in batches:  # the passes' costs hold the engine's time per forward (StepTimeModel.engine_us)
         single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
         multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, verify, max_batches)
-        if engine_pass:
-            single, multi = single + engine_pass, multi + engine_pass
         drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us)
-        overhead = spec.overhead_us(draft_steps(scenario.drafter, k), b * verify) if spec is not None else 0.0
+        steps = draft_steps(scenario.drafter, k)
+        overhead = spec.overhead_us(steps, b * verify, draft_layers, b, layers) if spec is not None else 0.0
         rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}", overhead))
     single, multi, drafted, distinct, factor, source, overheads = zip(*rows, strict=True)
     sizes = np.asarray(batches)

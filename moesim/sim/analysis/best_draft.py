@@ -94,10 +94,15 @@ class BestDraft:
                     "speedup": f"{v.speedup:.3f} ({v.speedup_low:.3f}-{v.speedup_high:.3f})",
                     "break_even": v.break_even_tokens,
                     "decided_by": v.decided_by,
+                    "uncertain_by": v.uncertain_by if v.verdict == "uncertain" else "",
                 }
                 for v in self.verdicts
             ]
         )
+
+    def calibrations(self) -> list[str]:
+        """For each uncertain verdict: the part that decides it and what would pin it down."""
+        return [f"{v.acceptance}: uncertain, decided by {v.uncertain_by}: {v.calibrate}" for v in self.verdicts if v.verdict == "uncertain"]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form: `points` as the issue specifies, plus staircase and break-even (and what else was asked)."""

@@ -12,6 +12,7 @@ the break-even acceptance length (tokens per pass, bonus included) is C(k) itsel
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ import numpy as np
 from moesim.errors import InputError
 from moesim.fields import FieldError
 from moesim.hw_profiles import HardwareProfile
+from moesim.hw_profiles.speculative import SpecPath
 from moesim.sim.analysis.batch import union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, expected_costs
 from moesim.sim.analysis.speculation import best_in_table, check_acceptance, relative_cost, tokens_per_pass_table
-from moesim.sim.cost.drafters import Drafter, draft_steps, draft_us
+from moesim.sim.cost.drafters import Drafter, draft_model_layers, draft_steps, draft_us
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, SIGNS, PassCost
 from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, break_even_alpha_tree, solve_alpha
 from moesim.tracegen.formats.specrun import read_accepted_counts
@@ -40,6 +42,7 @@ def pick(cost: PassCost, index: np.ndarray) -> PassCost:
         **cut,
         provenance_us={k: np.asarray(v)[index] for k, v in cost.provenance_us.items()},
         expert_by_family_us={k: v[index] for k, v in cost.expert_by_family_us.items()},
+        engine_parts_us={k: np.asarray(v)[index] for k, v in cost.engine_parts_us.items()},
     )
 
 
@@ -55,40 +58,62 @@ def mean_costs(costs: list[PassCost]) -> PassCost:
         extrapolation=np.array([c.extrapolation.max() for c in costs]),
         provenance_us={k: np.array([np.mean(c.provenance_us.get(k, 0.0)) for c in costs]) for k in first.provenance_us},
         expert_by_family_us={},
+        engine_parts_us={k: np.array([np.mean(c.engine_parts_us[k]) for c in costs]) for k in first.engine_parts_us},
     )
+
+
+# How to pin down each uncertain part of C(k): what to measure and the function that fits it.
+CALIBRATE = {
+    "expert kernels": "time the expert operation on this device (`moesim microbench llama-cpp` or `torch`), fit it (`moesim profile fit`)",
+    "dense kernels": "time plain decoding of a dense model on this device and fit the profile's dense family (`moesim profile fit`)",
+    "engine": "time plain decoding at batch 1 and a few batch sizes and one speculative run on this engine (vllm bench latency, "
+    "llama-bench tg, mlx_lm.generate) and fit its terms (moesim.sim.engine.fit_engine_terms) into the profile's [speculative] table",
+}
 
 
 @dataclass(frozen=True)
 class SpecCosts:
-    """Per draft length k = 0..K of a batch: verify width (per request), drafting time, spec-path
-    overhead, and the verify pass cost (kept in parts for the error box)."""
+    """Per draft length k = 0..K of a batch: verify width (per request), drafting time, the engine's
+    spec-path overhead, and the verify pass cost (kept in parts, the engine's time per forward
+    among them, for the error box)."""
 
     widths: np.ndarray
     draft_us: np.ndarray
     overhead_us: np.ndarray
     verify: PassCost
     uses_dense: bool
-    spec_epsilon: float = 0.0
-    pass_us: float = 0.0  # the engine's time per target forward beyond the profile (its [speculative] pass_us)
+    spec: SpecPath | None = None
+    overhead_of: Callable[[dict[str, float]], np.ndarray] | None = None  # O per k at the engine terms' scales
 
-    def target_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0, spec_sign: float = 0.0) -> np.ndarray:
-        """T_target(width(k)) at one corner, the engine's pass_us included."""
-        verify = self.verify.total_us(expert_sign, dense_sign)
-        return verify + self.pass_us * (1.0 + spec_sign * self.spec_epsilon) if self.pass_us else verify
+    def target_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0, scale: dict[str, float] | None = None) -> np.ndarray:
+        """T_target(width(k)) at one corner, the engine's time per forward included (its terms at `scale`)."""
+        return self.verify.total_us(expert_sign, dense_sign, scale)
 
-    def relative(self, expert_sign: float = 0.0, dense_sign: float = 0.0, spec_sign: float = 0.0) -> np.ndarray:
+    def relative(self, expert_sign: float = 0.0, dense_sign: float = 0.0, scale: dict[str, float] | None = None) -> np.ndarray:
         """C(k) at one corner of the error box."""
         draft = self.draft_us * (1.0 + dense_sign * self.verify.dense_epsilon) if self.uses_dense else self.draft_us
-        spent = draft + self.overhead_us * (1.0 + spec_sign * self.spec_epsilon)
-        return relative_cost(spent, self.target_us(expert_sign, dense_sign, spec_sign))
+        overhead = self.overhead_of(scale) if scale and self.overhead_of is not None else self.overhead_us
+        return relative_cost(draft + overhead, self.target_us(expert_sign, dense_sign, scale))
+
+    def scales(self, only: str | None = None) -> list[dict[str, float] | None]:
+        """The engine terms' corners (`SpecPath.corner_scales`), or the nominal terms alone without any."""
+        return list(self.spec.corner_scales(only)) if self.spec is not None else [None]
 
     def corners(self) -> list[np.ndarray]:
-        """C(k) at the nominal point, then at each corner (the spec-path bound doubles them where it has terms)."""
-        spec_signs = SIGNS if self.spec_epsilon and (self.pass_us or np.any(self.overhead_us)) else (0.0,)
-        return [self.relative(), *(self.relative(e, d, s) for e, d in ERROR_BOX_CORNERS for s in spec_signs)]
+        """C(k) at the nominal point, then at each corner of the kernels' box times the engine terms' box."""
+        return [self.relative(), *(self.relative(e, d, s) for e, d in ERROR_BOX_CORNERS for s in self.scales())]
+
+    def one_at_a_time(self) -> dict[str, list[np.ndarray]]:
+        """C(k) at the two ends of each uncertain part alone (the others nominal): the expert and dense
+        kernels' bounds, each engine term's uncertainty, the engine's held-out error."""
+        out = {"expert kernels": [self.relative(e, 0.0) for e in SIGNS], "dense kernels": [self.relative(0.0, d) for d in SIGNS]}
+        if self.spec is not None:
+            for term in (*self.spec.uncertain_terms(), *(("heldout_error",) if self.spec.heldout_error else ())):
+                out[f"engine {term}"] = [self.relative(0.0, 0.0, s) for s in self.spec.corner_scales(term)]
+        return out
 
     def shares(self) -> dict[str, np.ndarray]:
-        """C(k) − 1 by term: (T(width) − T(1)) / T(1), T_draft / T(1), O / T(1) (T with the engine's pass_us)."""
+        """C(k) − 1 by term: (T(width) − T(1)) / T(1), T_draft / T(1), O / T(1) (T with the engine's time per forward)."""
         target = self.target_us()
         return dict(zip(TERMS, ((target - target[0]) / target[0], self.draft_us / target[0], self.overhead_us / target[0]), strict=True))
 
@@ -102,20 +127,33 @@ def spec_costs(scenario: Scenario, max_draft: int, batch: int = 1, max_batches: 
     else:
         verify = mean_costs([union_pass_cost(scenario, scenario.trace, batch, int(w), max_batches)[0] for w in widths])
     drafted = np.array([draft_us(drafter, np.full(batch, k), scenario.context_tokens, scenario.dense_us) for k in range(max_draft + 1)])
-    return costs_on(scenario.model.profile, drafter, widths, drafted, verify, batch)
+    return costs_on(scenario.model.profile, drafter, widths, drafted, verify, batch, scenario.model.preset.layers)
 
 
 def costs_on(
-    profile: HardwareProfile, drafter: Drafter, widths: np.ndarray, drafted: np.ndarray, verify: PassCost, batch: int
+    profile: HardwareProfile,
+    drafter: Drafter,
+    widths: np.ndarray,
+    drafted: np.ndarray,
+    verify: PassCost,
+    batch: int,
+    target_layers: int = 0,
 ) -> SpecCosts:
-    """SpecCosts with the profile's spec-path terms: O(k) for `batch` requests verifying widths[k]
-    tokens each, the engine's pass_us and their bound (none without a `[speculative]` table)."""
+    """SpecCosts with the profile's engine terms: O(k) for `batch` requests verifying widths[k]
+    tokens each (a separate draft model's steps whole forwards), and the terms' box (none without a
+    `[speculative]` table)."""
     spec = profile.speculative
     uses_dense = drafter.provenance == "profile"
     if spec is None:
         return SpecCosts(widths, drafted, np.zeros(widths.size), verify, uses_dense)
-    overhead = np.array([spec.overhead_us(draft_steps(drafter, k), batch * int(w)) for k, w in enumerate(widths)])
-    return SpecCosts(widths, drafted, overhead, verify, uses_dense, spec.heldout_error, spec.pass_us)
+    layers = draft_model_layers(drafter)
+
+    def overhead(scale: dict[str, float] | None = None) -> np.ndarray:
+        return np.array(
+            [spec.overhead_us(draft_steps(drafter, k), batch * int(w), layers, batch, target_layers, scale) for k, w in enumerate(widths)]
+        )
+
+    return SpecCosts(widths, drafted, overhead(), verify, uses_dense, spec, overhead)
 
 
 @dataclass(frozen=True)
@@ -195,6 +233,8 @@ class Verdict:
     break_even_tokens: float
     break_even_alpha: float | None
     shares: dict[str, float]
+    uncertain_by: str = ""  # where the interval straddles 1: the uncertain part that alone moves the speedup most
+    calibrate: str = ""  # what would pin that part down
 
     @property
     def decided_by(self) -> str:
@@ -223,6 +263,7 @@ class Verdict:
             "break_even_alpha": self.break_even_alpha,
             "relative_cost_terms": self.shares,
             "decided_by": self.decided_by,
+            **({"uncertain_by": self.uncertain_by, "calibrate": self.calibrate} if self.verdict == "uncertain" else {}),
         }
 
 
@@ -234,10 +275,12 @@ def verdicts(points: list[AcceptancePoint], tables: list[np.ndarray], taus: np.n
     k_spec = best_in_table(nominal[:, 1:])[0] + 1
     c = costs.relative()
     shares = costs.shares()
+    parts = costs.one_at_a_time()
     out = []
     for i, (point, k) in enumerate(zip(points, k_spec, strict=True)):
         at = [t[i, k] for t in tables[1:]] or [nominal[i, k]]
         alpha = break_even_alpha_tree(tree, int(k), float(c[k]))
+        deciding = _deciding_part(parts, float(taus[i, k]), int(k))
         out.append(
             Verdict(
                 point.label,
@@ -250,9 +293,19 @@ def verdicts(points: list[AcceptancePoint], tables: list[np.ndarray], taus: np.n
                 float(c[k]),
                 None if np.isnan(alpha) else alpha,
                 {name: float(v[k]) for name, v in shares.items()},
+                deciding,
+                CALIBRATE["engine" if deciding.startswith("engine") else deciding],
             )
         )
     return out
+
+
+def _deciding_part(parts: dict[str, list[np.ndarray]], tau: float, k: int) -> str:
+    """The uncertain part that alone moves S(k) = τ / C(k) most, preferring one whose two ends alone straddle 1."""
+    ends = {name: [tau / float(c[k]) for c in ends] for name, ends in parts.items()}
+    swing = {name: max(v) - min(v) for name, v in ends.items()}
+    straddles = [name for name, v in ends.items() if min(v) <= 1.0 <= max(v)]
+    return max(straddles or list(swing), key=swing.__getitem__)
 
 
 def speedup_tables(points: list[AcceptancePoint], costs: SpecCosts, tree: TreeSpec) -> tuple[np.ndarray, list[np.ndarray]]:

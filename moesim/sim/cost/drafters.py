@@ -92,6 +92,14 @@ def draft_steps(drafter: Drafter, draft_len: int) -> int:
     return min(draft_len, 1) if drafter.mode in ("block", "lookup") else draft_len
 
 
+def draft_model_layers(drafter: Drafter) -> int:
+    """Layers of a separate draft model (each step a whole forward with the engine's time per
+    forward), 0 for a head (EAGLE, MTP, Medusa, DFlash: a layer or two inside the target's step) or a lookup."""
+    if not isinstance(drafter, DenseModelDrafter) or isinstance(drafter, EagleDrafter):
+        return 0
+    return 0 if drafter.model.name.split("@", 1)[0] in builtin_names("eagle") else drafter.model.layers
+
+
 def dense_model_step_us(
     model: ModelPreset, batch: int, context_tokens: float, dense_us: DenseTime, kv_bytes_per_element: float = 2.0
 ) -> float:

@@ -204,7 +204,8 @@ def plus_dense(expert, n_tokens, context_tokens, sequences, dense, comm):  # noq
     """`StepTimeModel._plus_dense` compiled, the same operations in the same order; `dense` =
     weight bytes, KV bytes per token, params, kernels, launch µs, bandwidth GB/s, FLOP coefficient,
     attention priced (1/0), attention FLOPs per context token, attention coefficient, devices,
-    fixed µs."""
+    fixed µs, engine time priced (1/0: `comm` then holds the collectives plus the engine's time per
+    forward of each pass size)."""
     weight_bytes, kv, params, kernels = dense[0], dense[1], dense[2], dense[3]
     launch, bandwidth, flop_coefficient = dense[4], dense[5], dense[6]
     bytes_read = weight_bytes + kv * context_tokens
@@ -214,7 +215,7 @@ def plus_dense(expert, n_tokens, context_tokens, sequences, dense, comm):  # noq
         attention = dense[8] * n_tokens / sequences * context_tokens
         total_dense += (attention / dense[10]) * dense[9]
     total = expert + total_dense + dense[11]
-    if dense[10] > 1.0:
+    if dense[10] > 1.0 or dense[12]:
         total = total + comm[n_tokens]
     return total
 

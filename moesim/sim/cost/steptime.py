@@ -81,14 +81,21 @@ class PassCost:
     expert_by_family_us: dict[str, np.ndarray] = field(default_factory=dict)
     rung_us: np.ndarray = field(default_factory=lambda: np.zeros((0, len(RUNGS))))  # (..., 4): expert time per rung
     bound_basis: str = "one-layer fit"
+    engine_parts_us: dict[str, np.ndarray] = field(default_factory=dict)  # the engine's time per forward by term (its [speculative] table)
 
-    def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0) -> np.ndarray:
-        """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + fixed."""
-        return (
+    def engine_us(self, scale: dict[str, float] | None = None) -> np.ndarray | float:
+        """E = Σ the engine's terms' parts, each times scale[term] (default 1)."""
+        s = scale or {}
+        return sum((us * s.get(term, 1.0) for term, us in self.engine_parts_us.items()), 0.0)
+
+    def total_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0, engine_scale: dict[str, float] | None = None) -> np.ndarray:
+        """T = expert·(1 + s_e·ε_e) + dense·(1 + s_d·ε_d) + fixed + the engine's time per forward."""
+        kernels = (
             self.expert_us * (1.0 + expert_sign * self.expert_epsilon)
             + self.dense_us * (1.0 + dense_sign * self.dense_epsilon)
             + self.fixed_us
         )
+        return kernels + self.engine_us(engine_scale) if self.engine_parts_us else kernels
 
     @property
     def low_us(self) -> np.ndarray:
@@ -217,6 +224,23 @@ class StepTimeModel:
         """The pass's collectives over the devices (0 on one device)."""
         return self.parallel.comm_us(self.preset, n_tokens)
 
+    def engine_us(self, n_tokens: float) -> float:
+        """The engine's time per forward of n tokens beyond its kernels (`SpecPath.forward_us`; 0 without a [speculative] table)."""
+        spec = self.profile.speculative
+        return spec.forward_us(n_tokens, self.preset.layers) if spec is not None else 0.0  # type: ignore[arg-type]
+
+    def engine_parts_us(self, total_tokens: np.ndarray) -> dict[str, np.ndarray]:
+        """E by term for passes of these sizes: pass_us, and the launches of those that run eager."""
+        spec = self.profile.speculative
+        if spec is None:
+            return {}
+        n = np.asarray(total_tokens, np.float64)
+        parts = {}
+        for term in ("pass_us", "launch_us_per_layer"):
+            unit = spec.unit(term)
+            parts[term] = getattr(spec, term) * np.vectorize(lambda t, u=unit: u.forward_us(t, self.preset.layers), otypes=[float])(n)
+        return parts
+
     def dense_us(self, total_tokens: np.ndarray, context_tokens: np.ndarray | float) -> np.ndarray:
         """Dense-family time of one pass: launches + weights and KV / bandwidth + FLOPs / rate."""
         return sum(self.dense_parts_us(total_tokens, context_tokens).values())  # type: ignore[return-value]
@@ -280,6 +304,7 @@ class StepTimeModel:
             weight_bytes, kv_bytes_per_token, params, float(kernels), dense.launch_us, dense.bandwidth_gbps,
             float(dense.time_us(0.0, 1.0, 0.0)), float(attention), self.preset.attention_flops_per_context_token() if attention else 0.0,
             float(dense.attention_us(1.0)), float(self.parallel.devices), self.profile.pass_fixed_us,
+            float(self.profile.speculative is not None),
         ]  # fmt: skip
         ready = [self._family_tables(name).cached_sizes() for name in self.families]
         return PassTables(kernel_params, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices, ready)
@@ -294,6 +319,8 @@ class StepTimeModel:
             select[np.arange(1, n_max + 1), chosen] = True
             select[0] = select[1]
         comm = np.array([self.comm_us(n) for n in range(n_max + 1)]) if self.parallel.devices > 1 else np.zeros(n_max + 1)
+        if self.profile.speculative is not None:  # the engine's time per forward, one constant per pass size
+            comm = comm + np.array([self.engine_us(n) for n in range(n_max + 1)])
         return select, comm
 
     def table_pass_size(self, n_tokens: int) -> None:
@@ -313,6 +340,8 @@ class StepTimeModel:
             flops = self.preset.attention_flops_per_context_token() * n_tokens / sequences * context_tokens
             dense += float(self.profile.dense.attention_us(flops / self.parallel.devices))
         total = expert_us + dense + self.profile.pass_fixed_us
+        if self.profile.speculative is not None:
+            return total + ((self.comm_us(n_tokens) if self.parallel.devices > 1 else 0.0) + self.engine_us(n_tokens))
         return total + self.comm_us(n_tokens) if self.parallel.devices > 1 else total
 
     def dense_pass_us(self, n_tokens: float, context_tokens: float, sequences: float = 1.0) -> float:
@@ -434,6 +463,10 @@ class StepTimeModel:
             by_kind[kind] = by_kind.get(kind, 0.0) + comm
         fixed_kind = self.profile.provenance_of("pass.fixed_us").kind
         by_kind[fixed_kind] = by_kind.get(fixed_kind, 0.0) + self.profile.pass_fixed_us
+        engine = self.engine_parts_us(np.broadcast_to(total_tokens, expert.shape))
+        if engine:
+            kind = self.profile.speculative.provenance.kind  # type: ignore[union-attr]
+            by_kind[kind] = by_kind.get(kind, 0.0) + sum(engine.values())
         return PassCost(
             expert_us=expert,
             dense_us=dense,
@@ -446,6 +479,7 @@ class StepTimeModel:
             expert_by_family_us={name: sums[name].time_us for name in self.families},
             rung_us=rung_us,
             bound_basis="; ".join(dict.fromkeys(bases)) or "one-layer fit",
+            engine_parts_us=engine,
         )
 
 

@@ -18,9 +18,10 @@ of the windows and chunks per rank (`union_pass`).
 A draft tree (`widths`, the verify width at each draft length k) verifies that many consecutive
 positions of the request's trace sequence from its position: the routing of a tree's sibling
 branches is taken from the trace's next positions (they share their prefix's context), not drawn.
-A profile with a spec path (`[speculative]`) adds its `pass_us` to every target forward (verify,
-plain decode, prefill chunk, mixed pass) and its overhead O(steps, verified tokens) to every
-iteration that drafts.
+A profile with engine terms (`[speculative]`) prices every target forward (verify, plain decode,
+prefill chunk, mixed pass) with the engine's time per forward inside the step-time model
+(`StepTimeModel.engine_us`), and adds its overhead O(steps, verified tokens) to every iteration
+that drafts (a separate draft model's steps each a whole forward of its layers).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 from moesim.errors import InputError
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.unions import PrefillRegion, union_features, union_pass, union_scratch
-from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_steps, draft_us
+from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_model_layers, draft_steps, draft_us
 from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, OUTSIDE, STRAY_ID, pass_total_us, scratch_for
 from moesim.sim.cost.pass_table import NO_CHUNKS, PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
@@ -57,12 +58,6 @@ class _Drafting:
         """A drafter of no cost (n-gram lookup): every draft costs 0 µs."""
         return isinstance(self.drafter, FixedDrafter) and self.drafter.step_time_us == 0.0
 
-    @property
-    def pass_us(self) -> float:
-        """The engine's time per target forward beyond the profile's families (its spec path's pass_us; 0 without one)."""
-        spec = self.model.profile.speculative
-        return spec.pass_us if spec is not None else 0.0
-
     def verify_tokens(self, n_tokens: np.ndarray) -> np.ndarray:
         """Tokens each request verifies: its tree's width at its draft length n − 1 (n without a tree)."""
         return np.asarray(self.widths, np.int64)[np.asarray(n_tokens, np.int64) - 1] if self.widths else n_tokens
@@ -79,7 +74,8 @@ class _Drafting:
         if spec is None:
             return drafted
         verified = int(np.sum(np.asarray(self.widths)[lens])) if self.widths else int(np.sum(lens + 1))
-        return drafted + spec.overhead_us(draft_steps(self.drafter, int(lens.max())), verified)
+        steps, layers = draft_steps(self.drafter, int(lens.max())), draft_model_layers(self.drafter)
+        return drafted + spec.overhead_us(steps, verified, layers, int(lens.size), self.model.preset.layers)
 
     def chunked_prefill_us(self, prompt_tokens: int, chunk: int, pass_us: Callable[[int, int], float]) -> float:
         """ceil(P / chunk) passes of at most `chunk` tokens at the context already prefilled."""
@@ -145,25 +141,24 @@ class TraceBatchCost:
 
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """One pass of the whole batch; remembers the mean distinct experts per layer of the union. With
-        a draft tree each request verifies its tree's width; the profile's spec path adds its pass_us."""
+        a draft tree each request verifies its tree's width; the engine's time per forward is the model's."""
         if self.model.parallel.ranks > 1:
             return self.mixed_us(seqs, starts, n_tokens, context_tokens, NO_CHUNKS)
         starts, n_tokens = self._tree_windows(seqs, starts, n_tokens)
         rows = self._seq_starts[seqs] + starts
         if self.compiled:
             context, sequences = float(context_tokens.sum()), float(context_tokens.size)
-            pass_us = self.compiled_pass_us(rows, n_tokens, _NO_BLOCKS, _NO_BLOCKS, int(n_tokens.sum()), context, sequences)
-            return pass_us + self._drafting.pass_us
+            return self.compiled_pass_us(rows, n_tokens, _NO_BLOCKS, _NO_BLOCKS, int(n_tokens.sum()), context, sequences)
         distinct, most = union_features(self.trace.experts, rows, n_tokens, self.trace.meta.geometry.experts, self._scratch)
         self.last_distinct_experts = float(distinct.sum()) / distinct.size
         passes = float(context_tokens.size)
-        return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), passes) + self._drafting.pass_us
+        return self.model.counts_pass_us(int(n_tokens.sum()), distinct, most, float(context_tokens.sum()), passes)
 
     def mixed_us(
         self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
     ) -> float:
         """The union of the windows (a draft tree's widths) and the chunks (see the module docstring), per
-        expert-parallel rank, plus the spec path's pass_us."""
+        expert-parallel rank (the engine's time per forward is the model's)."""
         starts, n_tokens = self._tree_windows(seqs, starts, n_tokens)
         if not n_tokens.size and not chunks.tokens.any():
             return 0.0  # chunks of empty prompts alone: no pass runs
@@ -191,11 +186,11 @@ class TraceBatchCost:
         context = float(context_tokens.sum()) + chunks.context
         passes = float(context_tokens.size + len(chunks))
         if self.compiled and ranks == 1:
-            return self.compiled_pass_us(rows, lengths, lo, hi, total, context, passes) + self._drafting.pass_us
+            return self.compiled_pass_us(rows, lengths, lo, hi, total, context, passes)
         distinct, most, slots = union_pass(self.trace.experts, rows, lengths, experts, self._scratch, self._region, lo, hi, ranks)
         layer_distinct = distinct.sum(axis=0)
         self.last_distinct_experts = float(layer_distinct.sum()) / layer_distinct.size
-        return self.model.rank_pass_us(distinct, most, slots, total, context, passes) + self._drafting.pass_us
+        return self.model.rank_pass_us(distinct, most, slots, total, context, passes)
 
     def compiled_pass_us(
         self,
@@ -237,7 +232,7 @@ class TraceBatchCost:
         if self.model.parallel.ranks > 1:
             return self._ranked_us(_ZERO, _ZERO, np.array([tokens]), np.array([context]), NO_CHUNKS)
         features = self.features(np.array([0]), np.array([0]), np.array([tokens]))
-        return self.model.pass_time_us(features, float(context)) + self._drafting.pass_us
+        return self.model.pass_time_us(features, float(context))
 
     def prefill_us(self, prompt_tokens: int) -> float:
         """ceil(P / chunk) chunked passes (see the module docstring)."""
@@ -266,7 +261,7 @@ class DenseBatchCost:
     def verify_us(self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The dense pass of the batch's tokens at its summed context."""
         tokens = float(np.sum(self._drafting.verify_tokens(n_tokens)))
-        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)), float(np.size(context_tokens))) + self._drafting.pass_us
+        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)), float(np.size(context_tokens)))
 
     def mixed_us(
         self, seqs: np.ndarray, starts: np.ndarray, n_tokens: np.ndarray, context_tokens: np.ndarray, chunks: PrefillChunks
@@ -274,7 +269,7 @@ class DenseBatchCost:
         """The dense pass of the verified and prefilled tokens, each chunk at its prompt so far."""
         tokens = float(np.sum(self._drafting.verify_tokens(n_tokens))) + float(chunks.tokens.sum())
         passes = float(np.size(context_tokens) + len(chunks))
-        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)) + chunks.context, passes) + self._drafting.pass_us
+        return self.model.dense_pass_us(tokens, float(np.sum(context_tokens)) + chunks.context, passes)
 
     def draft_us(self, draft_lens: np.ndarray, context_tokens: np.ndarray) -> float:
         """The drafter's steps for the batch, at the batch's mean context."""
@@ -283,7 +278,7 @@ class DenseBatchCost:
     def prefill_us(self, prompt_tokens: int) -> float:
         """ceil(P / chunk) dense passes at the context already prefilled."""
         return self._drafting.chunked_prefill_us(
-            prompt_tokens, self.prefill_chunk, lambda tokens, done: self.model.dense_pass_us(tokens, done) + self._drafting.pass_us
+            prompt_tokens, self.prefill_chunk, lambda tokens, done: self.model.dense_pass_us(tokens, done)
         )
 
 

@@ -38,8 +38,8 @@ from moesim.hw_profiles.fitting.engine_builtins import DENSE_COMPUTE_SHARE, DENS
 from moesim.hw_profiles.heldout import HeldoutError
 from moesim.hw_profiles.provenance import FittedRow, Provenance
 from moesim.hw_profiles.speculative import SPEC_TERMS, SpecPath
-from moesim.models import builtin_names, load_preset
-from moesim.sim.cost.drafters import DenseModelDrafter, Drafter, EagleDrafter, draft_steps, draft_us, make_drafter
+from moesim.models import load_preset
+from moesim.sim.cost.drafters import Drafter, draft_model_layers, draft_steps, draft_us, make_drafter
 from moesim.sim.cost.parallel import Parallelism
 from moesim.sim.cost.steptime import StepTimeModel
 
@@ -85,14 +85,6 @@ def flags(engine_key: str, device_key: str) -> SpecPath:
 def _coefficients(shape: SpecPath, cost: Callable[[SpecPath], float]) -> tuple[float, ...]:
     """Each term's coefficient in a cost linear in the terms: the cost at that term = 1, the others 0."""
     return tuple(cost(shape.unit(term)) for term in SPEC_TERMS)
-
-
-def draft_model_layers(drafter: Drafter) -> int:
-    """Layers of a separate draft model (a whole forward per step), 0 for a head or a lookup."""
-    if not isinstance(drafter, DenseModelDrafter) or isinstance(drafter, EagleDrafter):
-        return 0
-    base = drafter.model.name.split("@", 1)[0]
-    return 0 if base in builtin_names("eagle") else drafter.model.layers
 
 
 def run_drafter(preset: str, drafter: str, weight_format: str, draft_format: str) -> Drafter:
@@ -192,7 +184,8 @@ def run_parts(frame: pl.DataFrame) -> list[RunParts]:
 
 def solve(equations: list[Equation]) -> tuple[dict[str, float], dict[str, str]]:
     """θ ≥ 0 by NNLS on relative residuals; a term no equation separates is 0 (its basis says why)."""
-    rows = ", ".join(dict.fromkeys(f"{e.table} {e.row}" for e in equations))
+    tables = ", ".join(f"{sum(e.table == t for e in equations)} {t}s" for t in dict.fromkeys(e.table for e in equations))
+    rows = f"{tables} ({len({e.source for e in equations})} sources; the source's rows list them)"
     design = np.array([e.coefficients for e in equations], np.float64)
     target = np.array([e.measured_us - e.kernel_us for e in equations])
     weight = 1.0 / np.array([e.measured_us for e in equations])
@@ -271,7 +264,7 @@ def fit_engine_terms(
         basis=basis,
         covers=f"{host.name}: {len(equations)} rows from {len(sources)} sources",
         note=host.citation,
-        source_id=f"engine-{engine}",
+        source_id=f"engine-{engine.replace('.', '')}",
         launch_us_per_layer=terms["launch_us_per_layer"],
         graph_max_tokens=host.graph_max_tokens,
         verify_eager=host.verify_eager,

@@ -11,7 +11,6 @@ and its iteration alike).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,23 +29,10 @@ def term_values(spec: SpecPath, scale: dict[str, float] | None = None) -> dict[s
     return {t: getattr(spec, t) * s.get(t, 1.0) for t in SPEC_TERMS}
 
 
-def corners(spec: SpecPath) -> list[dict[str, float]]:
-    """Every corner of the terms' box: each uncertain term at (1 ± u), all of them at (1 ± heldout_error)."""
-    terms = spec.uncertain_terms()
-    out = []
-    for signs in itertools.product((-1.0, 1.0), repeat=len(terms)):
-        for h in (-1.0, 1.0) if spec.heldout_error else (0.0,):
-            scale = {t: (1.0 + s * spec.uncertainty[t]) * (1.0 + h * spec.heldout_error) for t, s in zip(terms, signs, strict=True)}
-            for t in SPEC_TERMS:
-                scale.setdefault(t, 1.0 + h * spec.heldout_error)
-            out.append(scale)
-    return out
-
-
 def speedup_interval(run: RunParts, spec: SpecPath) -> tuple[float, float, float]:
     """(nominal, low, high) speedup of a run under the terms, over the terms' box and the kernels' bound."""
     nominal = run.speedup(term_values(spec))
-    values = [run.speedup(term_values(spec, scale), k) for scale in corners(spec) for k in (1 - KERNEL_ERROR, 1 + KERNEL_ERROR)]
+    values = [run.speedup(term_values(spec, scale), k) for scale in spec.corner_scales() for k in (1 - KERNEL_ERROR, 1 + KERNEL_ERROR)]
     return nominal, min(values), max(values)
 
 

@@ -1,7 +1,8 @@
 """The shared speculative runs judged (issue 19): every run moesim can describe
 (`data/public-bench/speculative_runs_moesim.toml` says how, or why not), its predicted speedup
 against the measured one, the spec-path terms fitted on the runs, leave one run out and leave one
-engine out, and the built-in profiles' `[speculative]` tables (`data/spec_paths.toml`).
+engine out (issue 19's reading; since issue 24 the built-in profiles' `[speculative]` tables are
+fitted on the dense engine-overheads rows, `moesim.sim.engine.builtin`, and these MoE runs judge them).
 
 A run's prediction, with the target's pass times from its profile (without a spec path), the
 drafter's time and its tree's verify width from moesim:
@@ -13,10 +14,7 @@ runs' plain-decode baselines (mean of 1e6 / baseline − T(1)); each training ru
 overhead O_i = τ_i·(T_i(1) + F) / S_i − T_draft,i − T_i(width) − F, and the O terms are fitted to
 those by non-negative least squares on relative residuals. A term the training runs cannot
 separate from the ones before it (every run drafts in one step, or verifies as many tokens) is 0,
-and its basis says so.
-
-    python -m moesim.sim.validate.spec_runs      # rewrites moesim/hw_profiles/data/spec_paths.toml
-"""
+and its basis says so."""
 
 from __future__ import annotations
 
@@ -28,12 +26,10 @@ import numpy as np
 import polars as pl
 from scipy.optimize import nnls
 
-from moesim.atomic import write_text_atomic
 from moesim.errors import ConfigError
 from moesim.fields import build
 from moesim.hw_profiles import load_profile
-from moesim.hw_profiles.builtin import spec_paths_file, spec_paths_to_toml, with_spec_path
-from moesim.hw_profiles.provenance import FittedRow, Provenance, file_sha256
+from moesim.hw_profiles.builtin import with_spec_path
 from moesim.hw_profiles.speculative import SpecPath
 from moesim.models import load_preset
 from moesim.sim.analysis.scenario import Scenario, expected_costs
@@ -239,61 +235,6 @@ def held_out(runs: list[RunCosts], group: str = "row") -> HeldOut:
     return HeldOut(pl.DataFrame(records))
 
 
-def heldout_bound(runs: list[RunCosts]) -> float:
-    """Relative bound on a profile's spec terms: the leave-one-run-out median of |iteration time
-    predicted − implied| / (F + O predicted), at most 1."""
-    ratios = []
-    for i, run in enumerate(runs):
-        rest = runs[:i] + runs[i + 1 :]
-        if not rest:
-            continue
-        terms = fit_terms(rest).terms
-        f = terms["pass_us"]
-        o = terms["iteration_us"] + terms["draft_step_us"] * run.draft_steps + terms["verified_token_us"] * run.verify_tokens
-        measured = run.tau * (run.single_us + f) / run.measured_speedup
-        predicted = run.draft_us + run.verify_us + f + o
-        if f + o > 0:
-            ratios.append(abs(predicted - measured) / (f + o))
-    return float(min(1.0, np.median(ratios))) if ratios else 1.0
-
-
-def spec_path(profile: str, runs: list[RunCosts], runs_table: Path = RUNS_TABLE) -> SpecPath:
-    """The `[speculative]` terms of `profile` from every described run on it."""
-    mine = [r for r in runs if r.profile == profile]
-    fit = fit_terms(mine)
-    provenance = Provenance(
-        kind="calibrated",
-        file=str(runs_table),
-        sha256=file_sha256(runs_table),
-        note="end-to-end speculative runs (speedup against the same source's plain decoding); moesim.sim.validate.spec_runs",
-        rows=tuple(FittedRow(r.row, r.source, r.drafter, r.verify_tokens) for r in mine),
-    )
-    engines = ", ".join(dict.fromkeys(r.engine for r in mine))
-    return SpecPath(
-        **fit.terms,
-        heldout_error=heldout_bound(mine),
-        provenance=provenance,
-        basis=fit.basis,
-        covers=f"{engines} on {profile}",
-        note="fitted on end-to-end runs of other MLX engines than the profile's kernel rows; pass_us is their whole-model time per forward",
-        source_id="shared-speculative-runs",
-    )
-
-
-HEADER = """Spec-path terms of built-in engine profiles (moesim.hw_profiles.speculative), fitted on the shared
-speculative runs by `python -m moesim.sim.validate.spec_runs` (from the repository root); tests check
-this file is current. docs/validation.md reports their held-out errors."""
-
-
-def write_spec_paths(path: Path | None = None, runs_table: Path = RUNS_TABLE, descriptions: Path = DESCRIPTIONS) -> Path:
-    """Rewrite the built-in spec-path table from the described runs."""
-    runs = described_costs(runs_table, descriptions)
-    profiles = sorted({r.profile for r in runs})
-    target = path or spec_paths_file()
-    write_text_atomic(target, spec_paths_to_toml({p: spec_path(p, runs, runs_table) for p in profiles}, HEADER))
-    return target
-
-
 def sensitivity(runs: list[RunCosts], reading: str, descriptions: list[RunDescription]) -> list[RunCosts]:
     """The runs with every share-of-output acceptance read the other way (`reading`), to see how far the reading moves the result."""
     by_row = {d.row: d for d in descriptions}
@@ -367,8 +308,8 @@ def judge_tree_acceptance(published: list[PublishedRun]) -> pl.DataFrame:
 
 def judge_verdicts(published: list[PublishedRun], setting: dict[str, object] = JUDGE_SETTING) -> pl.DataFrame:
     """Speedups of the runs as moesim describes them on one device (EAGLE-3 head with SGLang's tree,
-    the run's own accepted length), against the measured ones, and the overhead per iteration the
-    measured speedup implies (what a `[speculative]` table of SGLang on this device would need)."""
+    the run's own accepted length, the profile's engine terms), against the measured ones, and the
+    overhead per iteration beyond those the measured speedup implies."""
     preset = load_preset(str(setting["preset"]))
     profile = load_profile(str(setting["profile"]))
     fmt, context = str(setting["weight_format"]), int(setting["context_tokens"])  # type: ignore[call-overload]
@@ -380,6 +321,9 @@ def judge_verdicts(published: list[PublishedRun], setting: dict[str, object] = J
         scenario = Scenario(model, trace, drafter, context)
         single, verify = expected_costs(scenario, np.array([1, drafter.tree.width(run.steps)])).total_us()
         drafted = draft_us(drafter, np.array([run.steps]), context, scenario.dense_us)
+        width = drafter.tree.width(run.steps)
+        spec = profile.speculative  # the profile's engine terms: its time per forward is in T already, O added here
+        drafted += spec.overhead_us(draft_steps(drafter, run.steps), width, 0, 1, preset.layers) if spec is not None else 0.0
         tau = run.accept_length
         predicted = tau * single / (drafted + verify)
         measured = run.tokens_per_s / run.baseline_tokens_per_s
@@ -399,5 +343,31 @@ def judge_verdicts(published: list[PublishedRun], setting: dict[str, object] = J
     return pl.DataFrame(records)
 
 
-if __name__ == "__main__":
-    print(f"wrote {write_spec_paths()}")
+def judge_engine_terms(runs: list[RunCosts], descriptions: list[RunDescription]) -> pl.DataFrame:
+    """The described MoE runs predicted with the engine terms of their built-in profile (fitted on
+    dense rows only, `moesim.sim.engine.builtin`): S = τ·(T(1) + E(1)) / (T_draft + T(width) + E(width) + O),
+    with the interval over the terms' box (`SpecPath.corner_scales`)."""
+    by_row = {d.row: d for d in descriptions}
+    records = []
+    for run in runs:
+        spec = load_profile(run.profile).speculative
+        if spec is None:
+            continue
+        layers = load_preset(by_row[run.row].preset).layers
+
+        def speedup(scale: dict[str, float] | None, run: RunCosts = run, spec: SpecPath = spec, layers: int = layers) -> float:
+            base = run.single_us + spec.forward_us(1, layers, scale)
+            spent = run.draft_us + run.verify_us + spec.forward_us(run.verify_tokens, layers, scale)
+            return run.tau * base / (spent + spec.overhead_us(run.draft_steps, run.verify_tokens, 0, 1, layers, scale))
+
+        nominal = speedup(None)
+        ends = [speedup(s) for s in spec.corner_scales()]
+        records.append(
+            {
+                "row": run.row, "engine": run.engine, "drafter": run.drafter, "terms": spec.engine, "tau": run.tau,
+                "measured": run.measured_speedup, "predicted": nominal, "low": min(ends), "high": max(ends),
+                "error": nominal / run.measured_speedup - 1.0, "verdict_right": (nominal > 1.0) == (run.measured_speedup > 1.0),
+                "covered": min(ends) <= run.measured_speedup <= max(ends),
+            }
+        )  # fmt: skip
+    return pl.DataFrame(records)

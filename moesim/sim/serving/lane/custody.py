@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from moesim.kernels.unions import PrefillRegion
+from moesim.sim.cost.drafters import draft_steps
 from moesim.sim.cost.fast_pass import scratch_for
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.cost.trace_batch import TraceBatchCost
@@ -89,6 +90,19 @@ def _longest_block(server: Any) -> int:
     return max(1, min(4096, max(server.workload.outputs, default=1)))
 
 
+def _overhead_table(cost: TraceBatchCost, max_batch: int, k_cap: int) -> np.ndarray:
+    """The engine's overhead O of an iteration whose longest draft is k and whose requests verify v
+    tokens in all, flat at k·(V + 1) + v (V = max_batch·(k_cap + 1)): what `_Drafting.draft_us` adds
+    for a free drafter (0 µs of drafting, no draft model); one zero without engine terms."""
+    spec = cost.model.profile.speculative
+    if spec is None:
+        return np.zeros(1)
+    top, layers = max_batch * (k_cap + 1), cost.model.preset.layers
+    steps = [draft_steps(cost.drafter, k) for k in range(k_cap + 1)]
+    return np.array([0.0 + spec.overhead_us(steps[k], v, 0, max(v - k, 1), layers) if k else 0.0
+                     for k in range(k_cap + 1) for v in range(top + 1)])  # fmt: skip
+
+
 class Lane:
     """The compiled lane of one server run; `Lane.of` says whether the run can use it.
 
@@ -140,7 +154,7 @@ class Lane:
             self.scratch = scratch_for(1, 1)
             self.seq_starts = np.zeros(2, np.int64)
         else:
-            self.tables = (np.zeros(1), np.zeros(1))
+            self.tables = (np.zeros(1), _overhead_table(cost, cap, server.k_cap))
             self.experts = cost.trace.experts
             self.scratch = scratch_for(self.experts.shape[1], cost.trace.meta.geometry.experts, cost.trace.expert_masks)
             self.seq_starts = cost.trace.seq_starts
@@ -172,7 +186,7 @@ class Lane:
         cost = server.cost
         if isinstance(cost, TraceBatchCost):
             one_device = cost.compiled and cost.model.parallel.ranks == 1 and server.windows is not None
-            plain_chain = not cost.widths and cost.model.profile.speculative is None  # no tree, no spec-path terms
+            plain_chain = not cost.widths  # no tree (the engine's terms: per-pass constants and `_overhead_table`)
             if not (one_device and plain_chain and cost._drafting.free):
                 return None
         elif not isinstance(cost, TablePassCost):

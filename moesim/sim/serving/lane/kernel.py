@@ -229,6 +229,8 @@ def serve(
                 verify = out[0]
                 if n:
                     distinct = out[1]
+                if longest and draft_tab.shape[0] > 1:  # the engine's overhead of a drafting iteration (a free drafter's)
+                    draft = draft_tab[longest * (max_batch * (k_cap + 1) + 1) + k_sum + n]
         delay = prefill_us + draft + verify
         if duration > 0.0 and clock + delay >= duration:
             if seen >= 0:

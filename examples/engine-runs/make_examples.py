@@ -2,7 +2,7 @@
 
 Every number is the engine-time model `moesim profile fit-engine` fits (`moesim.sim.engine.fit`),
 run forwards: a forward's kernels are the device's datasheet dense family
-(`moesim.sim.engine.fit.device_profile`), the engine adds its host time per forward `pass_us`;
+(`moesim.sim.engine.user_runs.forward_model`), the engine adds its host time per forward `pass_us`;
 a speculative iteration of a draft model of k steps is its draft forwards, the verify forward of
 k + 1 tokens, k + 1 host times and `iteration_us`. Each engine's terms are in `CASES` (no
 launches: every forward as the engine captures it); the files are printed in each tool's own
@@ -24,8 +24,7 @@ import numpy as np
 
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import draft_steps, draft_us, make_drafter
-from moesim.sim.cost.steptime import StepTimeModel
-from moesim.sim.engine.fit import device_profile
+from moesim.sim.engine.user_runs import forward_model
 
 NOTE = "synthetic: written by examples/engine-runs/make_examples.py from stated engine terms, not a measurement"
 TARGET, DRAFTER = "opt-30b", "opt-350m"
@@ -57,9 +56,8 @@ class Engine:
 
     def __init__(self, case: Case) -> None:
         self.case = case
-        preset = load_preset(TARGET)
-        self.model = StepTimeModel(preset, device_profile(case.device_key), "per_slot", case.weight_format)
-        self.drafter = make_drafter(DRAFTER, preset, case.weight_format)
+        self.model = forward_model(TARGET, case.device_key, case.weight_format, 1)
+        self.drafter = make_drafter(DRAFTER, load_preset(TARGET), case.weight_format)
 
     def step_us(self, batch: int, context: float, tokens_per_sequence: int = 1) -> float:
         """One forward of `tokens_per_sequence` tokens per sequence at a context per sequence: kernels + pass_us."""

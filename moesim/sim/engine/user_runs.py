@@ -30,16 +30,15 @@ import polars as pl
 from moesim.errors import InputError
 from moesim.hw_profiles import HardwareProfile
 from moesim.hw_profiles.builtin import with_spec_path
-from moesim.hw_profiles.catalog import catalog, device_of_profile, device_spec, link_spec
+from moesim.hw_profiles.catalog import catalog, device_of_profile, device_spec
 from moesim.hw_profiles.engine_runs import DecodeStep, EngineRows, SpecRun
 from moesim.hw_profiles.engine_runs.rows import LATENCY_UNIT, NA
 from moesim.hw_profiles.engines.host import ENGINE_HOSTS, engine_of
 from moesim.hw_profiles.importers.names import resolve_formats
 from moesim.hw_profiles.speculative import SPEC_TERMS
 from moesim.models import load_preset
-from moesim.sim.cost.parallel import Parallelism
-from moesim.sim.cost.steptime import StepTimeModel
-from moesim.sim.engine.fit import EngineFit, device_profile, fit_engine_terms, graph_limit
+from moesim.sim.engine.fit import EngineFit, fit_engine_terms, graph_limit
+from moesim.sim.engine.fit import _model as forward_model  # a forward's kernels as fit_engine_terms prices them
 
 
 @dataclass(frozen=True)
@@ -121,12 +120,6 @@ def _eager(step: DecodeStep, tokens: int, limit: int) -> bool:
     if graphs.startswith("no"):
         return True
     return False if graphs.startswith("yes") else tokens > limit
-
-
-def forward_model(preset: str, device_key: str, weight_format: str, tp: int) -> StepTimeModel:
-    """A forward's kernels as `fit_engine_terms` prices them: the device's datasheet dense family, tensor parallel over its peer link."""
-    parallel = Parallelism(tp, link=link_spec(device_spec(device_key).peer_link)) if tp > 1 else Parallelism()
-    return StepTimeModel(load_preset(preset), device_profile(device_key), "per_slot", weight_format, parallel=parallel)
 
 
 def latency_forward_us(step: DecodeStep, preset: str, weight_format: str, device_key: str) -> float:

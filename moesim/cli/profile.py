@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import polars as pl
 import typer
 
-from moesim.cli.options import config_options
+from moesim.cli.options import ForceOpt, config_options
 from moesim.cli.render import console, print_json, render_table
 from moesim.hw_profiles.engine_runs.rows import RunContext
 
@@ -209,7 +209,7 @@ def profile_fit_engine(
     ] = None,
     run_format: Annotated[str | None, typer.Option(help="The outputs' format (default: detected from each file's content).")] = None,
     rows: Annotated[Path | None, typer.Option(help="Also write the rows read (decode_steps.csv, speculative_runs.csv) here.")] = None,
-    force: Annotated[bool, typer.Option(help="Write into a non-empty --rows folder that moesim did not write.")] = False,
+    force: ForceOpt = False,
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
     **options: Any,
 ) -> None:

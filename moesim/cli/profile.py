@@ -159,9 +159,10 @@ def profile_show(
         spec = loaded.speculative
         render_table(
             pl.DataFrame(description["speculative"]),
-            title=f"Speculative path ({spec.covers})",
-            caption=f"O = iteration + draft_step·steps + verified_token·tokens per speculative iteration, pass_us on every target "
-            f"forward; bound ±{100 * spec.heldout_error:.0f} %",
+            title=f"Engine terms ({spec.covers or spec.engine})",
+            caption=f"E = pass_us + launch_us_per_layer·layers (eager: beyond {spec.graph_max_tokens} tokens per forward"
+            f"{', or any verify' if spec.verify_eager else ''}) on every forward; O = iteration + (draft_step + a draft model's E)·steps "
+            f"+ verified_token·tokens per speculative iteration; bound ±{100 * spec.heldout_error:.0f} % beyond each term's",
         )
     render_table(pl.DataFrame(description["source_rows"]), title="Sources")
     for note in loaded.all_notes():

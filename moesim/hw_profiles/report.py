@@ -172,7 +172,16 @@ def speculative_rows(profile: HardwareProfile) -> list[dict[str, Any]]:
     spec = profile.speculative
     if spec is None:
         return []
-    return [{"term": term, "us": getattr(spec, term), "basis": spec.basis.get(term, spec.provenance.label())} for term in SPEC_TERMS]
+    return [
+        {
+            "term": term,
+            "us": getattr(spec, term),
+            "uncertainty": spec.uncertainty.get(term, 0.0),
+            "kind": spec.kinds.get(term, spec.provenance.kind),
+            "basis": spec.basis.get(term, spec.provenance.label()),
+        }
+        for term in SPEC_TERMS
+    ]
 
 
 def dispatch_rows(profile: HardwareProfile) -> list[dict[str, Any]]:

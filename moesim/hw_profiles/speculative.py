@@ -131,6 +131,10 @@ class SpecPath:
         """The nonzero terms with an uncertainty."""
         return tuple(t for t in SPEC_TERMS if getattr(self, t) > 0 and self.uncertainty.get(t, 0.0) > 0)
 
+    def extreme_scale(self, sign: float) -> dict[str, float]:
+        """Every term at (1 + sign·its uncertainty)·(1 + sign·heldout_error): the low (−1) or high (+1) end of E and O."""
+        return {t: (1.0 + sign * self.uncertainty.get(t, 0.0)) * (1.0 + sign * self.heldout_error) for t in SPEC_TERMS}
+
     def corner_scales(self, only: str | None = None) -> list[dict[str, float]]:
         """Every corner of the terms' box as scales: each uncertain term at (1 ± its uncertainty),
         every term at (1 ± heldout_error) besides; `only`: that term's two ends alone ('heldout_error'

@@ -34,6 +34,7 @@ class Prediction:
                 "expert_us": c.expert_us,
                 "dense_us": c.dense_us,
                 "fixed_us": np.full(self.n.shape, c.fixed_us),
+                **({"engine_us": np.asarray(c.engine_us(), np.float64)} if c.engine_parts_us else {}),
                 "rung": c.rung,
                 "extrapolation": c.extrapolation,
             }

@@ -82,6 +82,7 @@ class PassCost:
     rung_us: np.ndarray = field(default_factory=lambda: np.zeros((0, len(RUNGS))))  # (..., 4): expert time per rung
     bound_basis: str = "one-layer fit"
     engine_parts_us: dict[str, np.ndarray] = field(default_factory=dict)  # the engine's time per forward by term (its [speculative] table)
+    engine_ends: tuple[dict[str, float], dict[str, float]] = ({}, {})  # the terms' scales at the low and the high end
 
     def engine_us(self, scale: dict[str, float] | None = None) -> np.ndarray | float:
         """E = Σ the engine's terms' parts, each times scale[term] (default 1)."""
@@ -99,13 +100,13 @@ class PassCost:
 
     @property
     def low_us(self) -> np.ndarray:
-        """Lower end of the interval: every family at −ε."""
-        return self.total_us(-1.0, -1.0)
+        """Lower end of the interval: every family at −ε, the engine's terms at their low end."""
+        return self.total_us(-1.0, -1.0, self.engine_ends[0])
 
     @property
     def high_us(self) -> np.ndarray:
-        """Upper end of the interval: every family at +ε."""
-        return self.total_us(1.0, 1.0)
+        """Upper end of the interval: every family at +ε, the engine's terms at their high end."""
+        return self.total_us(1.0, 1.0, self.engine_ends[1])
 
     def provenance_share(self) -> dict[str, float]:
         """Share of the summed predicted time resting on each provenance kind."""
@@ -480,6 +481,7 @@ class StepTimeModel:
             rung_us=rung_us,
             bound_basis="; ".join(dict.fromkeys(bases)) or "one-layer fit",
             engine_parts_us=engine,
+            engine_ends=(spec.extreme_scale(-1.0), spec.extreme_scale(1.0)) if (spec := self.profile.speculative) is not None else ({}, {}),
         )
 
 

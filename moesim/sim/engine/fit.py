@@ -184,7 +184,7 @@ def run_parts(frame: pl.DataFrame) -> list[RunParts]:
 
 def solve(equations: list[Equation]) -> tuple[dict[str, float], dict[str, str]]:
     """θ ≥ 0 by NNLS on relative residuals; a term no equation separates is 0 (its basis says why)."""
-    tables = ", ".join(f"{sum(e.table == t for e in equations)} {t}s" for t in dict.fromkeys(e.table for e in equations))
+    tables = ", ".join(f"{sum(e.table == t for e in equations)} × {t}" for t in dict.fromkeys(e.table for e in equations))
     rows = f"{tables} ({len({e.source for e in equations})} sources; the source's rows list them)"
     design = np.array([e.coefficients for e in equations], np.float64)
     target = np.array([e.measured_us - e.kernel_us for e in equations])

@@ -157,6 +157,7 @@ def write_sglang(engine: Engine, folder: Path) -> None:
         ttft_ms = engine.step_us(batch, input_len / 2, input_len) / 1000.0
         records.append(
             {
+                "moesim_note": NOTE,
                 "backend": "sglang",
                 "mean_e2e_latency_ms": round(ttft_ms + (output_len - 1) * tpot_ms, 3),
                 **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms),
@@ -168,6 +169,7 @@ def write_sglang(engine: Engine, folder: Path) -> None:
     ttft_ms = engine.step_us(batch, input_len / 2, input_len) / 1000.0
     records.append(
         {
+            "moesim_note": NOTE,
             "backend": "sglang",
             "mean_e2e_latency_ms": round(ttft_ms + (output_len - 1) * tpot_ms, 3),
             **_serve_record(batch, input_len, output_len, tpot_ms, ttft_ms),

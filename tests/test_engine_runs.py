@@ -416,3 +416,22 @@ def test_real_mlx_lm_statistics_are_read(tmp_path: Path) -> None:
     generated = re.search(r"Generation: (\d+) tokens, ([0-9.]+) tokens-per-sec", (tmp_path / "generate.log").read_text())
     (step,) = read_outputs([str(tmp_path / "generate.log")]).steps
     assert (step.batch, step.output_len, step.value, step.input_len) == (1, int(generated[1]), float(generated[2]), 3)
+
+
+def test_noisy_runs_widen_the_uncertainty_and_the_held_out_error(tmp_path: Path) -> None:
+    """The same runs with their TPOTs moved ±3 % in turn: the fit says so (held-out error and the
+    host time's uncertainty grow from ~0 to the scale of the noise), its interval still holding the stated."""
+    case = CASES["vllm"]
+    MAKE.write_vllm(MAKE.Engine(case), tmp_path)
+    (tmp_path / "serve-c4-spec.json").unlink()
+    (tmp_path / "latency-b8.pytorch.json").unlink()
+    _, exact = _fit(tmp_path, case)
+    for i, path in enumerate(sorted(tmp_path.glob("serve-c*.json"))):
+        record = json.loads(path.read_text())
+        record["mean_tpot_ms"] *= 1.03 if i % 2 else 0.97
+        path.write_text(json.dumps(record))
+    _, noisy = _fit(tmp_path, case)
+    assert exact.fit.spec.heldout_error < 1e-4 < 0.005 < noisy.fit.spec.heldout_error
+    assert noisy.fit.spec.uncertainty["pass_us"] > exact.fit.spec.uncertainty["pass_us"]
+    spec = noisy.fit.spec  # the stated host time lies within the fitted one's interval
+    assert abs(spec.pass_us - case.pass_us) <= spec.pass_us * spec.uncertainty["pass_us"]

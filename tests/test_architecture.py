@@ -55,6 +55,7 @@ SUBFLOORS = {
         "engines": {TOP},
         "microbench": {TOP, "measurements"},
         "importers": {TOP, "measurements", "microbench"},
+        "engine_runs": {"importers"},  # a user's engine outputs; llama-bench's reader is the importers'
         "fitting": {TOP, "measurements", "engines", "importers", "ladder"},
     },
     "sim": {

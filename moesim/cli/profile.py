@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import polars as pl
 import typer
 
+from moesim.cli.options import ForceOpt, config_options
 from moesim.cli.render import console, print_json, render_table
+from moesim.hw_profiles.engine_runs.rows import RunContext
 
 app = typer.Typer(help="Hardware profiles: fit from measurements, list, show, derive what-if hardware.", no_args_is_help=True)
 
@@ -18,6 +20,7 @@ DeviceOpt = Annotated[str | None, typer.Option("--device", help="Device name (a 
 FormatOpt = Annotated[str | None, typer.Option("--format", help="Weight format, where the output does not name it (e.g. Q4_K_M, BF16).")]
 TableFormatOpt = Annotated[str | None, typer.Option("--table-format", help="The output's format (default: detected from its content).")]
 FiltersOpt = Annotated[list[str] | None, typer.Option("--filter", help="Keep rows where COLUMN=VALUE (repeatable, all must hold).")]
+RUN_OPTIONS = ("engine_version", "device", "tp", "cuda_graphs", "batch", "input_len", "output_len", "draft", "draft_len")
 
 
 @app.command("fit")
@@ -189,3 +192,56 @@ def profile_derive(
     derived = derive_profile(load_profile(base), name or out.stem, bandwidth_scale, compute_scale, fixed_us)
     write_profile(out, derived)
     console.print(f"wrote {out}: {derived.description}")
+
+
+@app.command("fit-engine")
+@config_options(RunContext, include=RUN_OPTIONS)
+def profile_fit_engine(
+    outputs: Annotated[
+        list[str],
+        typer.Argument(help="The engine's benchmark outputs (FILE, or FILE@batch=8,output_len=128 for what a file does not say)."),
+    ],
+    profile: Annotated[str, typer.Option(help="Profile of the device (built-in name or TOML): the kernels the engine's time adds to.")],
+    model: Annotated[str, typer.Option(help="The target's dense preset (name, .toml or config.json).")],
+    out: Annotated[Path, typer.Option(help="Profile TOML to write: the profile with the engine's fitted terms as its speculative table.")],
+    weight_format: FormatOpt = None,
+    drafter: Annotated[
+        str | None, typer.Option(help="Drafter of the speculative runs (a drafter spec, e.g. a draft preset): prices their drafting.")
+    ] = None,
+    run_format: Annotated[str | None, typer.Option(help="The outputs' format (default: detected from each file's content).")] = None,
+    rows: Annotated[Path | None, typer.Option(help="Also write the rows read (decode_steps.csv, speculative_runs.csv) here.")] = None,
+    force: ForceOpt = False,
+    name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
+    **options: Any,
+) -> None:
+    """Fit a serving engine's own time on a device from your runs (plain decoding at a few batch sizes, a speculative run); write it."""
+    from moesim.atomic import check_out_dir, check_writable, output_dir, protect
+    from moesim.cli.options import from_options
+    from moesim.hw_profiles import load_profile
+    from moesim.hw_profiles.engine_runs import context_of_options, read_outputs, split_annotation, write_rows
+    from moesim.hw_profiles.schema import write_profile
+    from moesim.sim.engine.user_runs import fit_user_engine
+
+    paths = [split_annotation(argument)[0] for argument in outputs]
+    protect(*paths)
+    check_writable(out)
+    if rows is not None:
+        check_out_dir(rows, force)
+    context = context_of_options(from_options(RunContext, options, RUN_OPTIONS), model=model)
+    read = read_outputs(outputs, context, run_format)
+    result = fit_user_engine(read, paths, load_profile(profile), model, weight_format, drafter, context.device, name or out.stem)
+    spec = result.fit.spec
+    title = f"{spec.engine} on {result.device_key}: {len(read.steps)} plain-decoding rows, {len(read.runs)} speculative"
+    render_table(result.rows_table(), title=title, caption="µs; predicted = kernels (the device's datasheet dense family) + the terms")
+    caption = f"held out (each row's source left out, predicted): median {100 * spec.heldout_error:.1f} %"
+    render_table(result.terms_table(), title=f"Engine terms of {spec.engine} on {result.device_key}", caption=caption)
+    if result.fit.runs:
+        render_table(result.runs_table(), title="Speculative runs: measured and fitted speedup")
+    for source, reason in result.left_out:
+        console.print(f"left out: {source}: {reason}", markup=False)
+    if rows is not None:
+        with output_dir(rows, force) as staging:
+            write_rows(read, staging)
+        console.print(f"wrote {rows}: the rows read, in the shared engine-overheads columns")
+    write_profile(out, result.profile)
+    console.print(f"wrote {out}")

@@ -5,24 +5,28 @@ holds, kept in arrays of request rows; the Python loop of `moesim.sim.serving.se
 reference (tested equal, record for record).
 
 A lane iteration does what the loop and the scheduler (`moesim.sim.serving.scheduler`) do, in
-their order: draft lengths (a fixed k, capped at the remaining tokens − 1 and by the token budget
-under chunked prefill); the decoding requests' pages for their k + 1 positions, the prefilling
-requests' next chunks, the admissions (the queue's head while the batch has room, the budget
-tokens and its first chunk or whole prompt pages); the pass (a `TablePassCost` lookup, or the
-trace-driven step-time model in one compiled pass, `moesim.sim.cost.fast_pass`, decode windows
-and prefill chunks together, with a drafter that costs nothing); the records, the window wrap,
-the acceptance draws (precomputed blocks), the commits, the prefills that finished (first
-tokens), the requests that finished and, in a closed loop, the requests that replace them (made
-in Python ahead of time: `Lane.pending`).
+their order: an open loop's arrivals due at the iteration's start (`kernel.arrive`: drawn ahead
+from the arrivals' seed with the requests, issued in the order SimPy would give the arrivals'
+events and the loop's); draft lengths (a fixed k, capped at the remaining tokens − 1 and by the
+token budget under chunked prefill); the decoding requests' pages for their k + 1 positions and
+the prefilling requests' next chunks, preempting the youngest running request while too few
+pages are free (recomputed later, or swapped to the host over its link: the swap's µs in the
+iteration); without a preemption, the admissions (the queue's head while the batch has room, the
+budget tokens and its first chunk or whole prompt pages, a swapped request's swap-in); the pass
+(a `TablePassCost` lookup, or the trace-driven step-time model in one compiled pass,
+`moesim.sim.cost.fast_pass`, decode windows and prefill chunks together, with a drafter that
+costs nothing); the records, the window wrap, the acceptance draws (precomputed blocks), the
+commits, the prefills that finished (first tokens), the requests that finished and, in a closed
+loop, the requests that replace them (made in Python ahead of time: `Lane.pending`).
 
-It stops, before changing anything, where the Python loop has to decide: a request would need
-a page that is not free (a preemption), a swapped request is next to admit, the loop would run
-out of requests made ahead, a pass size reaches its tables, a pass size without tables has a
-family priced by its lookup ladder and never by the compiled formula, the duration would cut the
+The plan is tentative until its checks pass: the lane stops, before changing anything, where the
+Python loop has to decide: the loop would run out of requests made ahead, a pass size reaches its
+tables, a mixed pass's size without tables has a family priced by its lookup ladder (a decode
+pass's size, bounded by the batch and k, is tabled at once), the duration would cut the
 iteration, or nothing is left to run; and it asks Python for a block of draws that is used up and
-for a whole prefill's cost it has not seen. Several iterations run in one call (one `Timeout` for
-all of them) only in a closed loop, where nothing outside the lane can change meanwhile; with
-Poisson arrivals it runs one iteration per call.
+for a whole prefill's cost it has not seen. Many iterations run in one call (one `Timeout` for
+all of them), closed and open loops alike: nothing outside the lane can change meanwhile (the
+arrivals are the lane's).
 """
 
 from __future__ import annotations
@@ -278,7 +282,7 @@ class Lane:
     def _top_up(self) -> None:
         """At least 2 × max batch requests made ahead, or every one the run may still issue."""
         server = self.server
-        wanted = max(2 * server.max_batch, 64 if self.open else 0)
+        wanted = max(2 * server.max_batch, 256 if self.open else 0)  # an open loop: fewer calls cut short to make more
         self._grow_rows(self.rows_total - len(self.free_rows) + wanted + 1)
         cnt, lists = self.cnt, self.lists
         cnt[P_TAIL] -= cnt[P_HEAD]

@@ -19,12 +19,25 @@
    between runs), for the compiled lane and for the numpy reference path (the Python loop, the
    union counter and numpy lookups) in the same run; both must give the same iterations, passes
    and end time. Goal: >= 40,000 iterations/s.
+4. Open loops (issue 27's cases): 2,000 requests of 512 + 256 tokens arriving as a Poisson stream
+   at the rate a closed loop of 32 completes them (so the batch stays near its cap of 32), the
+   same step-time model, KV pages and chunked prefill, at static k = 3 and with speculation off;
+   and the same under memory pressure (pages for a third of the batch: preemptions by recompute,
+   and by swap over the H200's PCIe 5 host link). The compiled lane (its own arrivals,
+   preemptions and swaps) against the numpy reference in the same run (same iterations, passes
+   and end time asserted). Goal: >= 40,000 iterations/s each.
 
-    .venv/bin/python bench/bench_simulate.py [--passes N] [--iterations N]
+Every case prints the server's rate with its compiled lane and with its Python loop alone
+(`Server(lane=False)`, the same cost model): where a case cannot use the lane (an adaptive policy,
+a cost model asked through the protocol) the two are the same loop, and the lane costs nothing.
+
+    .venv/bin/python bench/bench_simulate.py [--passes N] [--iterations N] [--repeats N]
 
 Times are CPU time of this process (`time.process_time`, best of --repeats runs, 5 by default), so other
-processes on a shared machine disturb them less. Prints one line per measurement; the last
-line is `passes_per_s: X` (the server, case 1).
+processes on a shared machine disturb them less (the references of cases 3 and 4, best of 2).
+Prints one line per measurement, then `open_loop_iterations_per_s: N` and
+`memory_pressure_iterations_per_s: N` (the slower of k = 3 and speculation off; recompute) and
+last `passes_per_s: X` (the server, case 1).
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from moesim.hw_profiles import load_profile
-from moesim.hw_profiles.catalog import catalog
+from moesim.hw_profiles.catalog import catalog, links
 from moesim.kernels.unions import union_features, union_scratch
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import make_drafter
@@ -48,7 +61,7 @@ from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.cascade import Cascade
 from moesim.sim.serving.memory import MemorySection, kv_budget
-from moesim.sim.serving.policies import Policy, Static
+from moesim.sim.serving.policies import Off, Policy, Static
 from moesim.sim.serving.scheduler import Scheduling
 from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
@@ -168,7 +181,7 @@ class UnionCost:
         return 10.0 * prompt_tokens
 
 
-def server_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[float, int]:
+def server_batch32(trace: Trace, duration_us: float, cost: object, lane: bool = True) -> tuple[float, int]:
     """(wall seconds, iterations) of a full batch of 32 on the numpy-union cost, static k = 3,
     for `duration_us` of simulated time (requests never finish, so the batch stays full)."""
     windows = TraceWindows.from_trace(trace, offset_stride=0, window_max=4, source="bench")
@@ -183,6 +196,7 @@ def server_batch32(trace: Trace, duration_us: float, cost: object) -> tuple[floa
         duration_us=duration_us,
         seed=0,
         windows=windows,
+        lane=lane,
     )
     start = time.process_time()
     record = server.run()
@@ -216,6 +230,95 @@ def server_serving(
     return wall, record.prefill_us.size, int(np.count_nonzero(prefills)), record.end_us, record.step_request.size
 
 
+def server_open_loop(
+    trace: Trace, cost: object, scheduling: Scheduling, policy: Policy, arrivals: Arrivals, requests: int = 2000, lane: bool = True
+) -> tuple[float, int, float, int, float, int]:
+    """(wall seconds, iterations, end time, passes, mean batch, preemptions) of `requests` requests of
+    512 prompt and 256 output tokens arriving as `arrivals`, batch cap 32."""
+    windows = TraceWindows.from_trace(trace, offset_stride=0, window_max=4, source="bench")
+    server = Server(
+        cost=cost,  # type: ignore[arg-type]
+        policy=policy,
+        acceptance=Geometric(alpha=ALPHA),
+        workload=Workload(prompt_tokens=512, output_tokens=256),
+        arrivals=arrivals,
+        max_batch=32,
+        requests=requests,
+        duration_us=0.0,
+        seed=0,
+        windows=windows,
+        scheduling=scheduling,
+        lane=lane,
+    )
+    start = time.process_time()
+    record = server.run()
+    wall = time.process_time() - start
+    preempted = int(record.preempted.sum()) if record.preempted is not None else 0
+    return wall, record.prefill_us.size, record.end_us, record.step_request.size, float(record.batch.mean()), preempted
+
+
+def open_loops(trace: Trace, repeats: int) -> dict[str, float]:
+    """Case 4 (see the module docstring): per case the lane's rate, printed with the references'."""
+    profile, engine = "nvidia-h200-vllm", "dispatch"
+    h200 = catalog()["nvidia-h200"]
+    full = kv_budget(MemorySection(), QWEN3, "BF16", None, h200, Parallelism(), None)
+    third = (32 // 3) * -(-(512 + 256 + 3) // 16)  # pages for a third of the batch at full length
+    host = links()[h200.host_link]
+    squeezed = {
+        p: kv_budget(MemorySection(pages=third, preemption=p), QWEN3, "BF16", None, h200, Parallelism(), host)
+        for p in ("recompute", "swap")
+    }
+    rates: dict[str, float] = {}
+    for policy in (Static(k=3), Off()):
+        fast = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3))
+        reference = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3), compiled=False)
+        chunked = Scheduling(full, chunked_prefill=True, token_budget=2048)
+        pilot = server_open_loop(trace, fast, chunked, policy, Arrivals(concurrency=32), requests=500)
+        arrivals = Arrivals(kind="poisson", rate_per_s=500 / (pilot[2] / 1e6))  # the closed loop's completion rate
+        name = f"k={policy.k_cap}" if policy.k_cap else "speculation off"
+        cases = [("open_loop", chunked, "")] + [
+            (f"memory_pressure[{p}]", Scheduling(b, chunked_prefill=True, token_budget=2048), f", {third} pages, preemption by {p}")
+            for p, b in squeezed.items()
+        ]  # fmt: skip
+        for label, scheduling, memory in cases:
+            lane, loop, ref = open_case(trace, (fast, reference), scheduling, policy, arrivals, repeats)
+            rates[f"{label}, {name}"] = lane[1] / lane[0]
+            print(
+                f"simpy server,      open loop, Poisson at {arrivals.rate_per_s:.2f} requests/s, 2,000 requests of 512+256 tokens, "
+                f"batch cap 32 (mean {lane[4]:.1f}), {name}, step-time model ({profile}, engine {engine}), KV pages + chunked prefill"
+                f"{memory} ({lane[5]} preemptions): the compiled lane {lane[1] / lane[0]:,.0f} iterations/s; the Python loop "
+                f"{loop[1] / loop[0]:,.0f} (lane {loop[0] / lane[0]:.1f}x); the numpy reference {ref[1] / ref[0]:,.0f} "
+                f"(lane {ref[0] / lane[0]:.1f}x), same iterations, passes and end time"
+            )
+    return rates
+
+
+def open_case(
+    trace: Trace, costs: tuple[object, object], scheduling: Scheduling, policy: Policy, arrivals: Arrivals, repeats: int
+) -> tuple[tuple[Any, ...], ...]:
+    """One open-loop case, each measure after a start-up run that built the pass sizes' tables: the
+    lane, the Python loop on the compiled cost and on the numpy reference (`costs`), all agreeing."""
+    fast, reference = costs
+    server_open_loop(trace, fast, scheduling, policy, arrivals)
+    lane = best_of(repeats, lambda: server_open_loop(trace, fast, scheduling, policy, arrivals))
+    loop = best_of(min(repeats, 2), lambda: server_open_loop(trace, fast, scheduling, policy, arrivals, lane=False))
+    server_open_loop(trace, reference, scheduling, policy, arrivals, lane=False)
+    ref = best_of(min(repeats, 2), lambda: server_open_loop(trace, reference, scheduling, policy, arrivals, lane=False))
+    agree = (ref[1], ref[2], ref[3]) == (loop[1], loop[2], loop[3]) == (lane[1], lane[2], lane[3])
+    assert agree, "the lane, the Python loop and the numpy reference disagree"
+    return lane, loop, ref
+
+
+def lane_and_loop(label: str, repeats: int, measure: Callable[[bool], tuple[Any, ...]]) -> float:
+    """Print a case's rate (iterations per CPU second: measure(lane) -> (wall, iterations, ...))
+    with the compiled lane and with the Python loop alone; returns the lane's."""
+    lane = best_of(repeats, lambda: measure(True))
+    loop = best_of(repeats, lambda: measure(False))
+    lane_rate, loop_rate = lane[1] / lane[0], loop[1] / loop[0]
+    print(f"  {label}: with the lane {lane_rate:,.0f} iterations/s, the Python loop alone {loop_rate:,.0f} ({loop[0] / lane[0]:.2f}x)")
+    return lane[1] / lane[0]
+
+
 def best_of(repeats: int, measure: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
     """The fastest of `repeats` runs (other processes only ever slow a run down)."""
     return min((measure() for _ in range(repeats)), key=lambda result: result[0])
@@ -239,10 +342,13 @@ def main() -> None:
     print(f"simpy server,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
     print(f"simpy server, Python loop only (no lane): {passes_py / wall_py:,.0f} passes/s, {wall_py / wall_loop:.2f}x the plain loop")
     wall_c, _, passes_c = best_of(repeats, lambda: server_batch1(Cascade(), args.passes))
-    print(f"simpy server,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s")
+    print(f"simpy server,      batch 1, cascade:    {passes_c / wall_c:,.0f} passes/s (an adaptive policy: the Python loop)")
+    lane_and_loop("batch 1, cascade (passes)", repeats, lambda lane: server_batch1(Cascade(), args.passes, lane)[::2])
     trace = synthesize(QWEN3, Sticky(keep_prob=0.3), 4096, 32, 0)
     wall_e, iters_e = best_of(repeats, lambda: server_batch32(trace, 3000.0 * args.iterations, ConstantCost()))
     print(f"simpy server,      batch 32, static k=3, protocol cost doing no work: {iters_e / wall_e:,.0f} iterations/s")
+    constant = 3000.0 * args.iterations
+    lane_and_loop("batch 32, protocol cost (no lane)", repeats, lambda lane: server_batch32(trace, constant, ConstantCost(), lane))
     numba_cost, numpy_cost = UnionCost(trace, "numba"), UnionCost(trace, "numpy")
     check = [server_batch32(trace, 1e6, cost)[1] for cost in (numba_cost, numpy_cost)]  # also the JIT warm-up
     assert check[0] == check[1] and numba_cost.distinct_sum == numpy_cost.distinct_sum > 0, "numba and numpy unions disagree"
@@ -256,17 +362,19 @@ def main() -> None:
         f"simpy server,      batch 32, static k=3, union from the trace by the batch-union counter: {iters32 / wall32:,.0f} "
         f"iterations/s, {wall_np / wall32:.1f}x the numpy union's rate"
     )
+    lane_and_loop("batch 32, union cost (protocol: no lane)", repeats, lambda lane: server_batch32(trace, duration_us, numba_cost, lane))
     step_rates = {}
     for engine in ("dedup", "best"):
         step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), engine), trace, make_drafter("ngram", QWEN3))
         _, pilot_iters = server_batch32(trace, 1e6, step_cost)
         duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
-        wall_st, iters_st = best_of(repeats, lambda cost=step_cost, d=duration_us: server_batch32(trace, d, cost))
         print(
             f"simpy server,      batch 32, static k=3, the trace-driven step-time model (TraceBatchCost: union counter + "
-            f"nvidia-h200 profile, engine {engine}): {iters_st / wall_st:,.0f} iterations/s"
+            f"nvidia-h200 profile, engine {engine}):"
         )
-        step_rates[engine] = iters_st / wall_st
+        step_rates[engine] = lane_and_loop(
+            "requests never finish", repeats, lambda lane, cost=step_cost, d=duration_us: server_batch32(trace, d, cost, lane)
+        )
     h200 = catalog()["nvidia-h200"]
     budget = kv_budget(MemorySection(), QWEN3, "BF16", None, h200, Parallelism(), None)
     serving = Scheduling(budget, chunked_prefill=True, token_budget=2048)
@@ -297,10 +405,19 @@ def main() -> None:
                 f"  the numpy reference (union counter + numpy lookups, the server's Python loop): {ref[1] / ref[0]:,.0f} "
                 f"iterations/s; the compiled path {ref[0] / wall_sv:.1f}x faster, same passes and end time"
             )
+            loop = best_of(min(repeats, 2), lambda c=step_cost, d=duration_us, sc=scheduling: server_serving(trace, d, c, sc, lane=False))
+            print(f"  the Python loop alone on the compiled cost: {loop[1] / loop[0]:,.0f} iterations/s (lane {loop[0] / wall_sv:.1f}x)")
         ratio = serving_rates[profile, "KV pages + chunked prefill"] / serving_rates[profile, "neither (whole prefills)"]
         print(f"  {profile}: KV + chunked prefill at {ratio:.2f}x the rate without ({budget.pages:,} pages of 16 tokens)")
+    open_rates = open_loops(trace, repeats)
     for profile in ("nvidia-h200-vllm", "nvidia-h200"):
         print(f"iterations_per_s_batch32_serving[{profile}]: {serving_rates[profile, 'KV pages + chunked prefill']:.0f}")
+    for label, key in (
+        ("open_loop", "open_loop"),
+        ("memory_pressure_swap", "memory_pressure[swap]"),
+        ("memory_pressure", "memory_pressure[recompute]"),
+    ):
+        print(f"{label}_iterations_per_s: {min(rate for case, rate in open_rates.items() if case.startswith(key)):.0f}")
     print(f"iterations_per_s_batch32: {step_rates['dedup']:.0f}")
     print(f"passes_per_s: {passes / wall:.0f}")
 

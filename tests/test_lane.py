@@ -5,10 +5,15 @@ and the server's compiled decode lane against its Python loop (the same records,
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import re
+from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
+from moesim.fields import FieldError
 from moesim.hw_profiles import family_kernel, load_profile
 from moesim.hw_profiles.catalog import LinkSpec, catalog
 from moesim.models import load_preset
@@ -224,3 +229,103 @@ def test_adaptive_policies_keep_the_python_loop() -> None:
         arrivals=Arrivals(concurrency=2), max_batch=2, requests=2, duration_us=0.0, seed=0, windows=WINDOWS,
     )  # fmt: skip
     assert server.lane is None
+
+
+def _open_loop(rng: np.random.Generator, tmp_path: Path, table: bool) -> Arrivals:
+    """Poisson, bursty (gamma, cv 2-4) or replayed arrivals; replayed times on a 30 µs grid with
+    repeats, so that arrivals often fall exactly on an iteration's end on the table cost (integer µs)."""
+    kind = str(rng.choice(["poisson", "gamma", "replay"]))
+    rate = float(rng.choice([20.0, 200.0, 2000.0]))
+    if kind != "replay":
+        return Arrivals(kind=kind, rate_per_s=rate, cv=float(rng.uniform(2.0, 4.0)) if kind == "gamma" else 1.0)
+    steps = rng.choice([0, 0, 30, 60, 900, 1050, 1080, 1e4], 40) if table else rng.exponential(1e6 / rate, 40)
+    path = tmp_path / f"arrivals-{rng.integers(1 << 30)}.csv"
+    path.write_text("arrival_us\n" + "\n".join(repr(float(t)) for t in np.cumsum(steps)) + "\n")
+    return Arrivals(kind="replay", file=path)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_lane_writes_the_python_loops_records_on_open_loops(seed: int, tmp_path: Path) -> None:
+    """Random open loops (Poisson, bursty, replayed arrivals with ties) under page pools small
+    enough to preempt by recompute and by swap, with and without chunked prefill and a duration
+    cut: the lane (its own arrivals, preemptions and swaps) writes the Python loop's records."""
+    rng = np.random.default_rng(1000 + seed)
+    prompt, output, k = int(rng.integers(0, 120)), int(rng.integers(1, 90)), int(rng.integers(0, 5))
+    block = int(rng.choice([1, 4, 16]))
+    max_batch = int(rng.integers(1, 9))
+    pages = -(-(prompt + output + k) // block) + int(rng.integers(0, max_batch * (prompt + output + k) // (2 * block) + 2))
+    link = LinkSpec("test", "test link", 1.0, 1.0, "assumed", "a host link of 1 GB/s and 1 µs (swap preemption)")
+    preemption = str(rng.choice(["recompute", "swap"]))
+    budget = dataclasses.replace(BUDGET, pages=pages, block_tokens=block, preemption=preemption, host_link=link)
+    scheduling = Scheduling(budget, bool(rng.integers(2)), max_batch * (k + 1) + int(rng.integers(0, 80)))
+    table = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 2000)]), draft_step_us=30.0)
+    arrivals = _open_loop(rng, tmp_path, True)
+    cut = bool(rng.integers(3) == 0)
+    changes = dict(
+        policy=Static(k=k), workload=Workload(prompt_tokens=prompt, output_tokens=output), arrivals=arrivals, max_batch=max_batch,
+        requests=0 if cut else int(rng.integers(5, 30)), duration_us=float(rng.uniform(2e4, 3e5)) if cut else 0.0,
+        seed=int(rng.integers(0, 1000)),
+    )  # fmt: skip
+    assert _records(True, table, scheduling, **changes) == _records(False, table, scheduling, **changes)
+    changes["arrivals"] = _open_loop(rng, tmp_path, False)
+    fast, reference = _cost("nvidia-h200-vllm", "dispatch", True), _cost("nvidia-h200-vllm", "dispatch", False)
+    assert _records(True, fast, scheduling, **changes) == _records(False, reference, scheduling, **changes)
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("kind", ["poisson", "gamma"])
+def test_the_lane_runs_open_loops_and_preemptions_itself(kind: str, preemption: str) -> None:
+    """An open loop under memory pressure (pages for about a third of the batch) on an engine
+    profile: the lane runs nearly every iteration, preemptions and swaps included."""
+    link = LinkSpec("test", "test link", 1.0, 1.0, "assumed", "a host link of 1 GB/s and 1 µs (swap preemption)")
+    budget = dataclasses.replace(BUDGET, pages=40, block_tokens=16, preemption=preemption, host_link=link)
+    server = Server(
+        cost=_cost("nvidia-h200-vllm", "dispatch", True), policy=Static(k=3), acceptance=Geometric(alpha=0.7),
+        workload=Workload(prompt_tokens=100, output_tokens=60), arrivals=Arrivals(kind=kind, rate_per_s=300.0, cv=3.0), max_batch=8,
+        requests=80, duration_us=0.0, seed=0, windows=WINDOWS, scheduling=Scheduling(budget, chunked_prefill=True, token_budget=128),
+    )  # fmt: skip
+    record = server.run()
+    assert server.lane is not None and record.preempted is not None and record.swap_us is not None
+    assert record.preempted.sum() > 5
+    assert (record.swap_us.sum() > 0) == (preemption == "swap")
+    assert server.lane.iterations >= 0.9 * record.draft_us.size, (server.lane.iterations, record.draft_us.size)
+
+
+def test_gamma_gaps_have_the_rate_and_spread_asked() -> None:
+    """The gamma stream's gaps: mean 1/rate and coefficient of variation cv (200,000 draws)."""
+    for cv in (0.5, 1.0, 3.0):
+        gaps = np.fromiter(itertools.islice(Arrivals(kind="gamma", rate_per_s=50.0, cv=cv).gaps_us(7), 200_000), float)
+        assert abs(gaps.mean() / 2e4 - 1.0) < 0.03 * cv
+        assert abs(gaps.std() / gaps.mean() / cv - 1.0) < 0.03
+
+
+def test_replayed_arrivals_arrive_at_the_files_times(tmp_path: Path) -> None:
+    times = [0.0, 0.0, 1500.0, 1500.0, 2e5, 2.5e5]
+    path = tmp_path / "arrivals.parquet"
+    pl.DataFrame({"arrival_us": times}).write_parquet(path)
+    for lane in (True, False):
+        server = Server(
+            cost=TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draft_step_us=30.0), policy=Static(k=3),
+            acceptance=Geometric(alpha=0.7), workload=Workload(prompt_tokens=10, output_tokens=20),
+            arrivals=Arrivals(kind="replay", file=path), max_batch=4, requests=100, duration_us=0.0, seed=0, lane=lane,
+        )  # fmt: skip
+        record = server.run()
+        assert [r.arrival_us for r in record.requests] == times  # every row, then no more requests
+        assert all(r.finish_us > r.arrival_us for r in record.requests)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("t\n1\n", "has no column 'arrival_us'"),
+        ("arrival_us\n5\n3\n", "row 1 column 'arrival_us' must be finite, >= 0 and >= the row before, got 3.0"),
+        ("arrival_us\n-1\n", "row 0 column 'arrival_us'"),
+        ("arrival_us\n", "must hold numbers"),
+    ],
+)
+def test_bad_replay_files_name_the_file_and_row(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "arrivals.csv"
+    path.write_text(text)
+    with pytest.raises(FieldError, match=re.escape(message)) as error:
+        Arrivals(kind="replay", file=path)
+    assert error.value.field == "file" and str(path) in error.value.detail

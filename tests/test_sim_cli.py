@@ -333,3 +333,22 @@ def test_serving_study_same_bytes(cli, tmp_path: Path) -> None:  # type: ignore[
     table = pl.read_csv(tmp_path / "a" / "study.csv")
     assert table.height == 2 * 2 * 2 and set(table["device"]) == {"one H100", "2xL40"} and set(table["batch"]) == {1, 3}
     assert (table["target_efficiency"] > 0).all() and (table["target_efficiency"] <= 1.0 + 1e-9).all()
+
+
+def test_replayed_and_bursty_arrivals_from_the_config(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`[arrivals]` replay: the file beside the config, its times in requests.arrow; gamma with a
+    cv; a bad file or cv: one line naming the key, exit 2."""
+    (tmp_path / "times.csv").write_text("arrival_us\n0\n250.5\n90000\n")
+    static = BASE.replace('name = "cascade"\nk_max = 3', 'name = "static"\nk = 3')
+    replay = static + '\n[arrivals]\nkind = "replay"\nfile = "times.csv"\n'
+    assert cli("simulate", write_config(tmp_path, replay), "--out", tmp_path / "r")[0] == 0
+    assert pl.read_ipc(tmp_path / "r" / "requests.arrow")["arrival_us"].to_list() == [0.0, 250.5, 90000.0]
+    bursty = static + '\n[arrivals]\nkind = "gamma"\nrate_per_s = 40.0\ncv = 3.0\n'
+    assert cli("simulate", write_config(tmp_path, bursty), "--out", tmp_path / "g")[0] == 0
+    assert pl.read_ipc(tmp_path / "g" / "requests.arrow").height == 3
+    (tmp_path / "times.csv").write_text("arrival_us\n10\n5\n")
+    code, _, err = cli("simulate", write_config(tmp_path, replay), "--out", tmp_path / "x")
+    assert_one_line_error(code, err, "'arrivals.file'", "times.csv", "row 1")
+    code, _, err = cli("simulate", write_config(tmp_path, bursty.replace("cv = 3.0", "cv = 0.0")), "--out", tmp_path / "x")
+    assert_one_line_error(code, err, "'arrivals.cv'", "got 0.0")
+    assert not (tmp_path / "x").exists()

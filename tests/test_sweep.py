@@ -361,3 +361,17 @@ def test_the_old_engines_key_still_runs_with_a_note(tmp_path: Path) -> None:
     both.write_text("[grid]\nmodels = ['deepseek-v2-lite']\nengines = ['best']\nfamilies = ['best']\n")
     with pytest.raises(ConfigError, match=r"give 'grid\.families' only"):
         load_config(both)
+
+
+def test_simpy_cells_at_request_rates_are_open_loops(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`simulate.rates_per_s`: each cell an open loop of Poisson arrivals; below capacity its
+    throughput is the arrival rate's tokens (requests arrive over 40 / rate seconds)."""
+    text = SIMULATED.replace("batch = [1, 4]", "batch = [4]").replace("requests = 8", "requests = 40\nrates_per_s = [2.0, 5.0]")
+    text = text.replace("output_tokens = 256", "output_tokens = 64")
+    code, _, err = cli("sweep", write_config(tmp_path, text), "--out", tmp_path / "s.parquet")
+    assert code == 0, err
+    cells = pl.read_parquet(tmp_path / "s.parquet").filter(pl.col("record") == "simulation")
+    assert cells.height == 6 and sorted(set(cells["rate_per_s"])) == [2.0, 5.0]
+    for rate in (2.0, 5.0):
+        throughput = cells.filter(pl.col("rate_per_s") == rate)["throughput_tok_s"]
+        assert ((throughput > 0.85 * rate * 64) & (throughput < 1.05 * rate * 64)).all(), (rate, throughput.to_list())

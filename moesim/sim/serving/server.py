@@ -21,11 +21,13 @@ tokens come first. A policy with `min_draft_steps` (Cascade's drafter kept runni
 costs at least that many draft steps per iteration; under `moesd_slots` a verify window is
 costed at max(k, 1) tokens instead of k + 1.
 
-Arrivals are a second process only for Poisson arrivals. Costs come from a `BatchCostModel`;
+An open loop's arrivals are a second process, the reference. Costs come from a `BatchCostModel`;
 a `TablePassCost` is expanded into lookup lists before the loop starts. Where the run allows it
 (a fixed draft length, block acceptance draws, a table or one-device trace cost, a free drafter),
 the compiled lane (`moesim.sim.serving.lane`) runs the iterations and this loop, the reference,
-takes only those the lane hands back. Everything the outputs need goes into `Records` (lists
+takes only those the lane hands back; an open loop's arrivals are then the lane's (drawn ahead
+from the same gaps, issued at each step of this loop in the order SimPy gives the two processes'
+events), and this loop waits for the next one when it has nothing to run. Everything the outputs need goes into `Records` (lists
 here, array segments from the lane; no per-iteration allocation beyond them).
 """
 
@@ -293,7 +295,8 @@ class Server:
     def _can_issue(self) -> bool:
         return not self.total_requests or len(self.issued) < self.total_requests
 
-    def _poisson(self) -> Generator[simpy.Event, None, None]:
+    def _arrivals(self) -> Generator[simpy.Event, None, None]:
+        """The open loop's arrivals (the reference: with the lane, its own, drawn ahead from the same gaps)."""
         timeout = self.env.timeout
         for gap in self.arrivals.gaps_us(self.seed):
             if not self._can_issue():
@@ -335,17 +338,16 @@ class Server:
         countdown = PROGRESS_EVERY
         clock = env.now
         lane = self.lane
+        lane_arrivals = lane is not None and lane.open  # the open loop's arrivals drawn ahead, issued by the lane
         while True:
-            if lane is not None and (lane.loaded or active or prefilling or queue):
-                _, done, end = lane.run(active, prefilling, queue, clock, self.duration_us, countdown if closed else 1)
+            if lane is not None and (lane.loaded or active or prefilling or queue or lane_arrivals):
+                _, done, end = lane.run(active, prefilling, queue, clock, self.duration_us, countdown)
                 if done:
                     self._lane_records(lane, done)
                     for delay in exact_delays(clock, end):
                         yield timeout(delay)
                     clock = env.now
-                    finished, issued = lane.settle(done)
-                    self.completed += len(finished)
-                    self.issued += issued
+                    self.completed += len(lane.settle(done))
                     countdown -= done
                     if not countdown:
                         countdown = PROGRESS_EVERY
@@ -411,6 +413,18 @@ class Server:
                     draft_us, verify_us = coster.mixed(active, ks, chunks)
                 rec_distinct.append(math.nan)
             else:
+                if lane_arrivals:  # the loop waits for the next arrival, the lane's
+                    when = lane.next_arrival_us()  # type: ignore[union-attr]
+                    if when is None:
+                        return
+                    if self.duration_us > 0 and when >= self.duration_us:
+                        yield env.event()  # the run ends first
+                    for delay in exact_delays(clock, when):
+                        yield timeout(delay)
+                    self._issue()
+                    lane.woken()  # type: ignore[union-attr]
+                    clock = env.now
+                    continue
                 if not self._can_issue():
                     return
                 self._wake = env.event()
@@ -478,6 +492,8 @@ class Server:
                     self._finish(request, clock, closed)
             if resumed:
                 active.extend(resumed)
+            if lane_arrivals:
+                lane.stepped()  # type: ignore[union-attr]
             countdown -= 1
             if not countdown:
                 countdown = PROGRESS_EVERY
@@ -491,7 +507,7 @@ class Server:
         admissions = np.flatnonzero((first != 0) | (prefill != 0.0))
         columns = {"start": f[0], "draft": f[1], "verify": f[2], "distinct": f[3], "batch": i[0]}
         if self.scheduling.extended:
-            columns |= {"prefill_tokens": i[2], "pages": i[1], "preempted": np.zeros(done), "swap": np.zeros(done)}
+            columns |= {"prefill_tokens": i[2], "pages": i[1], "preempted": i[4], "swap": f[5]}
         columns |= {"step_request": steps[0], "step_k": steps[1], "step_acc": steps[2]}
         self.records.add(columns, admissions, prefill[admissions], first[admissions])
 
@@ -516,11 +532,13 @@ class Server:
         if self.arrivals.kind == "closed":
             for _ in range(min(self.arrivals.concurrency, self.total_requests or self.arrivals.concurrency)):
                 self._issue()
-        else:
-            self.env.process(self._poisson())
+        elif self.lane is None:
+            self.env.process(self._arrivals())
         self.env.process(self._loop())
         if self.duration_us > 0:
             self.env.run(until=self.duration_us)
+            if self.lane is not None and self.lane.open:
+                self.lane.arrive_until(self.duration_us)  # what the arrivals' process would have issued meanwhile
         else:
             self.env.run()
         return self._record()

@@ -3,7 +3,8 @@ trace-driven step-time model, for every profile × engine × drafter × acceptan
 work unit (one model, routing and batch size).
 
 A cell is a `moesim simulate` run built from the sweep's axes: a closed loop of B concurrent
-requests (B = the unit's batch size, also the engine's max batch), the `[simulate]` workload,
+requests (B = the unit's batch size, also the engine's max batch) or, at each of the
+`[simulate]` request rates, Poisson arrivals (the rows' `rate_per_s`), the `[simulate]` workload,
 geometric acceptance at the cell's α (a drafter with a draft tree: the `tree` acceptance at that
 top-candidate α, `moesim.sim.serving.acceptance.Tree`), the unit's routing trace replayed by the step-time model
 of the model on the profile with the engine. Each (profile, engine, drafter, α) runs once with
@@ -13,6 +14,7 @@ study's figures; the cells' wall time and simulated iterations give the sweep's 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,7 @@ class Cell:
     alpha: float
     batch: int
     weight_format: str
+    rate_per_s: float | None = None  # Poisson arrivals at this rate (None: a closed loop of `batch`)
 
 
 def cell_config(config: SweepConfig, cell: Cell, policy: dict) -> SimConfig:
@@ -68,7 +71,9 @@ def cell_config(config: SweepConfig, cell: Cell, policy: dict) -> SimConfig:
         {
             "run": {"seed": sim.seed, "requests": sim.requests},
             "workload": {"prompt_tokens": sim.prompt_tokens, "output_tokens": sim.output_tokens},
-            "arrivals": {"kind": "closed", "concurrency": cell.batch},
+            "arrivals": {"kind": "poisson", "rate_per_s": cell.rate_per_s}
+            if cell.rate_per_s
+            else {"kind": "closed", "concurrency": cell.batch},
             "batching": {"max_batch": cell.batch},
             "trace": {"synth": "uniform"},
             "cost": {"kind": "steptime"},
@@ -89,8 +94,8 @@ def simulation_rows(config: SweepConfig, model: str, batch: int, trace: Trace, w
     for profile in grid.profiles:
         for engine in grid.families:
             for drafter in grid.drafters:
-                for alpha in sim.alpha:
-                    axes = Cell(model, profile, engine, drafter, alpha, batch, weight_format)
+                for alpha, rate in itertools.product(sim.alpha, sim.rates_per_s or (None,)):
+                    axes = Cell(model, profile, engine, drafter, alpha, batch, weight_format, rate)
                     base = cell_config(config, axes, {"name": "off"})
                     cost = build_cost(base, trace)
                     off = run_server(base, cost, trace, Off(), base.acceptance)
@@ -106,6 +111,7 @@ def simulation_rows(config: SweepConfig, model: str, batch: int, trace: Trace, w
                                 "engine": engine,
                                 "drafter": drafter,
                                 "alpha": alpha,
+                                "rate_per_s": rate,
                                 "policy": policy_label(cell.policy),
                                 "iterations": int(record.prefill_us.size),
                                 **{column: float(stats[column]) for column in STUDY_COLUMNS},

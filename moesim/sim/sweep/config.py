@@ -118,16 +118,20 @@ class Grid(Checked):
 @dataclass(frozen=True)
 class SimulateSection(Checked):
     """The SimPy cells (one per grid.policies entry): geometric acceptance at each `alpha`, a closed
-    loop of B requests (B from grid.batch), `requests` requests of `prompt_tokens` + `output_tokens`."""
+    loop of B requests (B from grid.batch) or, at each of `rates_per_s`, Poisson arrivals capped at
+    a batch of B, `requests` requests of `prompt_tokens` + `output_tokens`."""
 
     alpha: tuple[float, ...] = checked((0.6, 0.8, 0.9), ge=0.0, le=1.0)
     requests: int = checked(16, ge=1, le=1 << 20)
     prompt_tokens: int = checked(128, ge=0, le=MAX_CONTEXT)
     output_tokens: int = checked(256, ge=1, le=MAX_CONTEXT)
     seed: int = checked(0, ge=0, le=MAX_SEED)
+    rates_per_s: tuple[float, ...] = checked((), gt=0.0, finite=True)
 
     def __post_init__(self) -> None:
         _unique(self.alpha, "alpha")
+        if self.rates_per_s:  # else closed loops
+            _unique(self.rates_per_s, "rates_per_s")
 
 
 @dataclass(frozen=True)

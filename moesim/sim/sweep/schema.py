@@ -53,6 +53,7 @@ SIMULATION_COLUMNS = {  # besides speedup and tokens_per_pass (as in point rows,
     "mean_draft_len": pa.float64(),
     "acceptance_rate": pa.float64(),
     "iterations": pa.int64(),
+    "rate_per_s": pa.float64(),  # an open loop's Poisson arrival rate (null: a closed loop of B)
 }
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind in {**KEYS, **PASS_COLUMNS, **POINT_COLUMNS, **SIMULATION_COLUMNS}.items()])
 TALLY_KEY = b"moesim.simulation"

@@ -5,24 +5,28 @@ holds, kept in arrays of request rows; the Python loop of `moesim.sim.serving.se
 reference (tested equal, record for record).
 
 A lane iteration does what the loop and the scheduler (`moesim.sim.serving.scheduler`) do, in
-their order: draft lengths (a fixed k, capped at the remaining tokens − 1 and by the token budget
-under chunked prefill); the decoding requests' pages for their k + 1 positions, the prefilling
-requests' next chunks, the admissions (the queue's head while the batch has room, the budget
-tokens and its first chunk or whole prompt pages); the pass (a `TablePassCost` lookup, or the
-trace-driven step-time model in one compiled pass, `moesim.sim.cost.fast_pass`, decode windows
-and prefill chunks together, with a drafter that costs nothing); the records, the window wrap,
-the acceptance draws (precomputed blocks), the commits, the prefills that finished (first
-tokens), the requests that finished and, in a closed loop, the requests that replace them (made
-in Python ahead of time: `Lane.pending`).
+their order: an open loop's arrivals due at the iteration's start (`kernel.arrive`: drawn ahead
+from the arrivals' seed with the requests, issued in the order SimPy would give the arrivals'
+events and the loop's); draft lengths (a fixed k, capped at the remaining tokens − 1 and by the
+token budget under chunked prefill); the decoding requests' pages for their k + 1 positions and
+the prefilling requests' next chunks, preempting the youngest running request while too few
+pages are free (recomputed later, or swapped to the host over its link: the swap's µs in the
+iteration); without a preemption, the admissions (the queue's head while the batch has room, the
+budget tokens and its first chunk or whole prompt pages, a swapped request's swap-in); the pass
+(a `TablePassCost` lookup, or the trace-driven step-time model in one compiled pass,
+`moesim.sim.cost.fast_pass`, decode windows and prefill chunks together, with a drafter that
+costs nothing); the records, the window wrap, the acceptance draws (precomputed blocks), the
+commits, the prefills that finished (first tokens), the requests that finished and, in a closed
+loop, the requests that replace them (made in Python ahead of time: `Lane.pending`).
 
-It stops, before changing anything, where the Python loop has to decide: a request would need
-a page that is not free (a preemption), a swapped request is next to admit, the loop would run
-out of requests made ahead, a pass size reaches its tables, a pass size without tables has a
-family priced by its lookup ladder and never by the compiled formula, the duration would cut the
+The plan is tentative until its checks pass: the lane stops, before changing anything, where the
+Python loop has to decide: the loop would run out of requests made ahead, a pass size reaches its
+tables, a mixed pass's size without tables has a family priced by its lookup ladder (a decode
+pass's size, bounded by the batch and k, is tabled at once), the duration would cut the
 iteration, or nothing is left to run; and it asks Python for a block of draws that is used up and
-for a whole prefill's cost it has not seen. Several iterations run in one call (one `Timeout` for
-all of them) only in a closed loop, where nothing outside the lane can change meanwhile; with
-Poisson arrivals it runs one iteration per call.
+for a whole prefill's cost it has not seen. Many iterations run in one call (one `Timeout` for
+all of them), closed and open loops alike: nothing outside the lane can change meanwhile (the
+arrivals are the lane's).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from moesim.sim.serving.lane.kernel import (
     ACT,
     ADMISSIONS,
     ARRIVAL,
+    ARRIVED_AT,
     ASKED,
     BAD_IDS,
     DRAW_AT,
@@ -52,6 +57,9 @@ from moesim.sim.serving.lane.kernel import (
     FINISH,
     FIRST,
     ISSUED,
+    LADDER,
+    LINK_GBPS,
+    LINK_US,
     MAX_RUNNING,
     MORE,
     N_ACT,
@@ -60,9 +68,11 @@ from moesim.sim.serving.lane.kernel import (
     N_STEPS,
     P_HEAD,
     P_TAIL,
+    PAGE_BYTES,
     PEND,
     PENDING,
     PRE,
+    PREEMPTS,
     PREFILL,
     PREFILL_COST,
     Q_HEAD,
@@ -70,9 +80,12 @@ from moesim.sim.serving.lane.kernel import (
     QUE,
     REFILL,
     RID,
+    SCANNED,
     SEQ,
     SEQ_ROW,
+    STEP_AT,
     STOP,
+    SWAP_ON,
     SWAPPED,
     TABLE,
     TARGET,
@@ -80,6 +93,7 @@ from moesim.sim.serving.lane.kernel import (
 )  # fmt: skip
 from moesim.sim.serving.policies import _Fixed
 
+ROWS = DRAW_LEN + 1  # the int columns of a request row
 SEGMENT = 4096  # iterations one call may run at most
 STEPS_KEPT = 1 << 20  # per-step records one call may write (the batch size divides them into iterations)
 _ROW_FIELDS = attrgetter(*FIELDS, "seq", "rid")
@@ -120,7 +134,7 @@ class Lane:
         self.free_rows = list(range(self.rows_total - 1, -1, -1))
         self.pending: deque[Any] = deque()  # made ahead, in request id order (closed loop)
         self.lists = np.zeros((4, self.rows_total), np.int64)
-        self.cnt = np.zeros(12, np.int64)
+        self.cnt = np.zeros(14, np.int64)
         # windows and blocks of a pass: the decode windows, and per chunk two windows and a block for
         # every time it wraps around the prefill region (chunks of at most the token budget)
         trace_rows = server.cost.trace.experts.shape[0] if isinstance(server.cost, TraceBatchCost) else 1
@@ -131,11 +145,12 @@ class Lane:
         self.work = (
             np.zeros(cap, np.int64), np.zeros(3 * cap, np.int64), np.zeros(wide, np.int64), np.zeros(wide, np.int64),
             np.zeros(blocks, np.int64), np.zeros(blocks, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
-            np.zeros(cap, np.int64),
+            np.zeros(cap, np.int64), np.zeros(2 * cap, np.int64), np.zeros(2 * cap, np.int64), np.zeros(cap, np.int64),
+            np.zeros(cap, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
         )  # fmt: skip
         self.segment = max(1, min(SEGMENT, STEPS_KEPT // cap))  # iterations per call: the step records bounded
-        self.out_f = np.zeros((5, self.segment))
-        self.out_i = np.zeros((4, self.segment), np.int64)
+        self.out_f = np.zeros((6, self.segment))
+        self.out_i = np.zeros((5, self.segment), np.int64)
         self.steps = np.zeros((3, self.segment * cap), np.int64)
         self.fin = np.zeros(self.segment * cap + cap, np.int64)
         self.loaded = False
@@ -144,6 +159,18 @@ class Lane:
         scheduling = server.scheduling
         kv = server.scheduler.kv
         self.kv = np.array([kv.free if kv else 0, kv.capacity if kv else 0, kv is not None], np.int64)
+        budget = scheduling.kv
+        self.fl = np.array([0.0, 0.0, 0.0, 1.0, 0.0, math.inf])  # swap (see kernel: SWAP_ON ..), the arrival clock
+        if budget is not None and budget.preemption == "swap" and budget.host_link is not None:
+            link = budget.host_link
+            self.fl[[SWAP_ON, LINK_US, PAGE_BYTES, LINK_GBPS]] = 1.0, link.latency_us, budget.page_bytes, link.bandwidth_gbps
+        arrivals = server.arrivals
+        self.open = arrivals.open  # the open loop's arrivals are the lane's (drawn ahead from the seed)
+        limits = [m for m in (server.total_requests, arrivals.limit) if m]
+        self.limit = min(limits) if limits else 0  # the most requests the run issues (0: unbounded)
+        self._gaps = arrivals.gaps_us(server.seed) if self.open else iter(())
+        self._last_arrival_us = 0.0
+        self.decode_max = cap * (server.k_cap + 1)  # decode passes: their sizes tabled at their first pass (ladder-priced families)
         cost = server.cost
         self.table_mode = isinstance(cost, TablePassCost)
         region = None
@@ -168,7 +195,7 @@ class Lane:
         self.cfg = np.array(
             [k, server.k_cap, scheduling.token_budget, scheduling.chunked_prefill, server.windows is not None,
              0 if scheduling.moesd_slots else 1, self.table_mode, kv.block_tokens if kv else 1, scheduling.extended, cap,
-             server.arrivals.kind == "closed", server.total_requests, region.rows if region else 1, region.stride if region else 1],
+             not arrivals.open, server.total_requests, region.rows if region else 1, region.stride if region else 1, self.open, self.limit],
             np.int64,
         )  # fmt: skip
 
@@ -202,11 +229,11 @@ class Lane:
         old = self.rows_total
         rows = max(rows, 2 * old)
         if old == 0:
-            self.st = np.zeros((17, rows), np.int64)
+            self.st = np.zeros((ROWS, rows), np.int64)
             self.sf = np.full((4, rows), math.nan)
             self.draws = np.zeros((rows, self.block), np.int64)
         else:
-            self.st = np.concatenate([self.st, np.zeros((17, rows - old), np.int64)], axis=1)
+            self.st = np.concatenate([self.st, np.zeros((ROWS, rows - old), np.int64)], axis=1)
             self.sf = np.concatenate([self.sf, np.full((4, rows - old), math.nan)], axis=1)
             self.draws = np.concatenate([self.draws, np.zeros((rows - old, self.block), np.int64)])
             self.lists = np.concatenate([self.lists, np.zeros((4, rows - old), np.int64)], axis=1)
@@ -269,7 +296,7 @@ class Lane:
     def _top_up(self) -> None:
         """At least 2 × max batch requests made ahead, or every one the run may still issue."""
         server = self.server
-        wanted = 2 * server.max_batch
+        wanted = max(2 * server.max_batch, 256 if self.open else 0)  # an open loop: fewer calls cut short to make more
         self._grow_rows(self.rows_total - len(self.free_rows) + wanted + 1)
         cnt, lists = self.cnt, self.lists
         cnt[P_TAIL] -= cnt[P_HEAD]
@@ -277,11 +304,17 @@ class Lane:
         cnt[P_HEAD] = 0
         first = len(server.issued) + len(self.pending)
         last = first + wanted - len(self.pending)
-        if server.total_requests:
-            last = min(last, server.total_requests)
+        if self.limit:
+            last = min(last, self.limit)
         if last <= first:
             return
         made = server.new_requests(range(first, last))
+        if self.open:  # their arrival times, as SimPy adds the gaps
+            at = self._last_arrival_us
+            for request, gap in zip(made, self._gaps, strict=False):
+                at = at + gap
+                request.arrival_us = at
+            self._last_arrival_us = at
         self.pending.extend(made)
         lists[PEND, cnt[P_TAIL] : cnt[P_TAIL] + len(made)] = self._put_many(made)
         cnt[P_TAIL] += len(made)
@@ -310,6 +343,7 @@ class Lane:
         self._queue_in(queue)
         scheduler = self.server.scheduler
         cnt[ADMISSIONS], cnt[MAX_RUNNING], cnt[ISSUED] = scheduler._admissions, scheduler.max_running, len(self.server.issued)
+        cnt[PREEMPTS] = scheduler.preemptions
         self.loaded = True
 
     def _queue_in(self, queue: deque[Any]) -> None:
@@ -337,6 +371,7 @@ class Lane:
         queue.extendleft(reversed(queued))
         scheduler = self.server.scheduler
         scheduler._admissions, scheduler.max_running = int(cnt[ADMISSIONS]), int(cnt[MAX_RUNNING])
+        scheduler.preemptions = int(cnt[PREEMPTS])
         if scheduler.kv is not None:
             scheduler.kv.free = int(self.kv[0])
         self.loaded = False
@@ -346,7 +381,8 @@ class Lane:
     def run(
         self, active: list[Any], prefilling: list[Any], queue: deque[Any], clock: float, duration_us: float, most: int
     ) -> tuple[int, int, float]:
-        """At most `most` iterations (and the lane's segment) from `clock`: (status, iterations, clock after)."""
+        """At most `most` iterations (and the lane's segment) from `clock`: (status, iterations, clock after).
+        The requests issued meanwhile (arrivals) join the server's `issued`."""
         server = self.server
         kv = server.scheduler.kv
         if not self.loaded:
@@ -358,8 +394,7 @@ class Lane:
         cost = server.cost
         cnt = self.cnt
         cnt[N_STEPS] = cnt[N_FIN] = 0
-        closed = bool(self.cfg[10])
-        if closed:
+        if bool(self.cfg[10]) or self.open:
             self._top_up()
         self.issued_from = int(cnt[P_HEAD])
         most = min(most, self.segment)
@@ -370,9 +405,10 @@ class Lane:
                 tables = cost.model.pass_tables
                 t, dense, comm = tables.arrays(), tables.dense, tables.comm
             status, done, end = serve(
-                self.st, self.sf, self.draws, self.lists, cnt, self.cfg, self.kv, self.work, self.tables, t, dense, comm, self.experts,
-                self.region, self.scratch, self.out_f, self.out_i, self.steps, self.fin, clock, duration_us, most,
+                self.st, self.sf, self.draws, self.lists, cnt, self.cfg, self.fl, self.kv, self.work, self.tables, t, dense, comm,
+                self.experts, self.region, self.scratch, self.out_f, self.out_i, self.steps, self.fin, clock, duration_us, most,
             )  # fmt: skip
+            self._issued()
             if done or status in (STOP, MORE):
                 break
             if status == REFILL:
@@ -383,10 +419,16 @@ class Lane:
                         acceptance.refill()
                         self._put_draws(r, acceptance)
             elif status == TABLE:
+                self._table(int(cnt[ASKED]))
+            elif status == LADDER:  # a decode pass's size (the config bounds them): tabled now, else the Python loop's
+                if cnt[ASKED] > self.decode_max:
+                    status = STOP
+                    break
                 cost.model.table_pass_size(int(cnt[ASKED]))
             elif status == PREFILL:
                 target = int(self.st[TARGET, cnt[ASKED]])
-                self.prefill_costs[target] = server.cost.prefill_us(target)
+                if target not in self.prefill_costs:
+                    self.prefill_costs[target] = server.cost.prefill_us(target)
                 rows = np.flatnonzero(self.st[TARGET] == target)
                 self.sf[PREFILL_COST, rows] = self.prefill_costs[target]
             elif status == PENDING:
@@ -399,14 +441,58 @@ class Lane:
         self.iterations += done
         return status, done, end
 
-    def settle(self, done: int) -> tuple[list[Any], list[Any]]:
-        """After a run of `done` iterations: the requests that finished (their state given back,
-        their rows freed) and the requests issued meanwhile (arrived in a closed loop), in order."""
-        finished = self._get_many(self.fin[: self.cnt[N_FIN]].tolist())
-        issued = [self.pending.popleft() for _ in range(int(self.cnt[P_HEAD]) - self.issued_from)]
-        for request, r in zip(issued, self.lists[PEND, self.issued_from : self.cnt[P_HEAD]].tolist(), strict=True):
+    def _table(self, n_tokens: int) -> None:
+        """A pass size reached its tables: tabled if a decode pass's (their sizes are bounded by the
+        batch and k) or if a family of it is priced by its ladder; a mixed pass's larger size whose
+        families all run compiled keeps their formula instead (the same numbers; its tables, of
+        (E + 1) x (n + 1) entries per family, would crowd out the rest)."""
+        model = self.server.cost.model
+        tables = model.pass_tables
+        if n_tokens > self.decode_max and tables.compiled[tables.families_of(n_tokens)].all():
+            tables.seen[n_tokens] = np.iinfo(np.int64).min // 2  # never asks again
+        else:
+            model.table_pass_size(n_tokens)
+
+    def _issued(self) -> None:
+        """The requests the last call issued (closed loop: replacing finished ones; open: arrived), to the server's `issued`."""
+        head = int(self.cnt[P_HEAD])
+        if head == self.issued_from:
+            return
+        issued = [self.pending.popleft() for _ in range(head - self.issued_from)]
+        for request, r in zip(issued, self.lists[PEND, self.issued_from : head].tolist(), strict=True):
             request.arrival_us = float(self.sf[ARRIVAL, r])
-        return finished, issued
+        self.server.issued += issued
+        self.issued_from = head
+
+    def settle(self, done: int) -> list[Any]:
+        """After a run of `done` iterations: the requests that finished (their state given back, their rows freed)."""
+        return self._get_many(self.fin[: self.cnt[N_FIN]].tolist())
+
+    # ---- the open loop's arrivals where the Python loop runs ----------------------------------
+
+    def stepped(self) -> None:
+        """The Python loop ran an iteration: its next step issues the arrivals due then."""
+        self.cnt[SCANNED] = 0
+
+    def next_arrival_us(self) -> float | None:
+        """When the next request arrives (None: no more will)."""
+        if self.cnt[P_HEAD] == self.cnt[P_TAIL]:
+            self._top_up()
+        if self.cnt[P_HEAD] == self.cnt[P_TAIL]:
+            return None
+        return float(self.sf[ARRIVAL, self.lists[PEND, self.cnt[P_HEAD]]])
+
+    def woken(self) -> None:
+        """The idle loop woke at the next arrival (`Server._issue` took it): the one request of its step."""
+        self.fl[STEP_AT] = self.fl[ARRIVED_AT] = self.server.env.now
+        self.cnt[SCANNED] = 1
+
+    def arrive_until(self, end_us: float) -> None:
+        """The arrivals before `end_us` not issued yet (the run was cut while the loop waited), to the server's `issued`."""
+        while (when := self.next_arrival_us()) is not None and when < end_us:
+            request = self.take_pending(len(self.server.issued))
+            request.arrival_us = when
+            self.server.issued.append(request)
 
     def records(self, done: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The per-iteration records (floats: start, draft, verify, distinct, prefill µs; ints: batch,

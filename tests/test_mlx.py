@@ -76,13 +76,13 @@ def test_router_matches_numpy_bit_for_bit_on_ids(models: dict[str, Path], name: 
 def test_tiny_model_and_record_through_the_cli(models: dict[str, Path], tmp_path: Path, cli) -> None:
     folder, prompts = tmp_path / "tiny", tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    code, out, err = cli("trace", "tiny-model", "--format", "mlx", "--out", folder, "--experts", 8, "--top-k", 2, "--seed", 5)
+    code, _, err = cli("trace", "tiny-model", "--format", "mlx", "--out", folder, "--experts", 8, "--top-k", 2, "--seed", 5)
     assert code == 0, err
     assert is_mlx_model(folder) and json.loads((folder / "config.json").read_text())["num_experts"] == 8
     results = {}
     for batch in (0, 1, 3):
         path = tmp_path / f"b{batch}.arrow"
-        code, out, err = cli("trace", "record", folder, "--prompts", prompts, "--out", path, "--max-tokens", 6, "--prompt-batch", batch)
+        code, _out, err = cli("trace", "record", folder, "--prompts", prompts, "--out", path, "--max-tokens", 6, "--prompt-batch", batch)
         assert code == 0, err
         results[batch] = read_trace(path)
     trace = results[0]
@@ -112,7 +112,7 @@ def test_speculate_through_mlx_lm(models: dict[str, Path], tmp_path: Path, cli) 
     record = tmp_path / "plain.arrow"
     assert cli("trace", "record", models["target"], "--prompts", prompts, "--out", record, "--max-tokens", 16)[0] == 0
     path = tmp_path / "spec.arrow"
-    code, out, err = cli("trace", "speculate", models["target"], models["draft"], "--prompts", prompts, "--out", path,
+    code, _out, err = cli("trace", "speculate", models["target"], models["draft"], "--prompts", prompts, "--out", path,
                          "--draft-len", 3, "--max-tokens", 12)  # fmt: skip
     assert code == 0, err
     run, trace = read_spec_run(path), read_trace(record)
@@ -139,7 +139,9 @@ def test_speculative_options_of_the_llamacpp_runner_refused(models: dict[str, Pa
     from moesim.tracegen.mlx.speculate import speculative_run
 
     with pytest.raises(InputError, match="--threads 2"):
-        speculative_run(models["target"], models["draft"], prompts_from_texts(PROMPTS, "t"), tmp_path / "s.arrow", SpeculateConfig(n_threads=2))
+        speculative_run(
+            models["target"], models["draft"], prompts_from_texts(PROMPTS, "t"), tmp_path / "s.arrow", SpeculateConfig(n_threads=2)
+        )
     assert not (tmp_path / "s.arrow").exists()
 
 
@@ -148,7 +150,8 @@ def test_microbench_orders_match_switchglu_and_fit_an_engine_profile(tmp_path: P
 
     out = tmp_path / "bench"
     code, _, err = cli("microbench", "mlx", "--out", out, "--hidden", 64, "--expert-intermediate", 64, "--experts", 8, "--top-k", 2,
-                       "--pass-sizes", "1,2,33", "--format", "F32", "--format", "AFFINE4", "--reps", 2, "--warmup", 0, "--layers", 1)  # fmt: skip
+                       "--pass-sizes", "1,2,33", "--format", "F32", "--format", "AFFINE4",
+                       "--reps", 2, "--warmup", 0, "--layers", 1)  # fmt: skip
     assert code == 0, err
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["backend"] == "cpu" and provenance["engine"] == "MLX CPU" and "mlx 0.32" in provenance["engine_version"]
@@ -183,7 +186,9 @@ def test_without_the_extra_every_mlx_command_says_what_to_install(models: dict[s
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\n")
     argv = [a.format(tmp=tmp_path, mlx=models["target"], prompts=prompts) for a in args]
-    blocked = "import sys; sys.modules.update(dict.fromkeys(['mlx', 'mlx.core', 'mlx.nn', 'mlx_lm'])); from moesim.cli import entry; entry()"
+    blocked = (
+        "import sys; sys.modules.update(dict.fromkeys(['mlx', 'mlx.core', 'mlx.nn', 'mlx_lm'])); from moesim.cli import entry; entry()"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-c", blocked, *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr

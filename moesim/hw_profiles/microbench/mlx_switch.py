@@ -25,6 +25,7 @@ against mlx_lm's own `SwitchGLU` on the same pass.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -36,6 +37,7 @@ import numpy as np
 
 from moesim.errors import ConfigError, InputError
 from moesim.fields import option
+from moesim.hw_profiles.measurements.table import STATISTICS
 from moesim.hw_profiles.microbench.routing import (
     DEFAULT_PASS_SIZES,
     ROUTINGS,
@@ -49,6 +51,8 @@ from moesim.hw_profiles.microbench.routing import (
 from moesim.hw_profiles.microbench.table import MoeShape, measurement_row, summarize_times
 from moesim.machine import cpu_facts
 from moesim.models import load_target
+from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
+from moesim.tracegen.mlx.builder import TOKENIZER_TOKENS, tiny_mlx_model
 from moesim.tracegen.mlx.runtime import backend, engine_version, import_mlx
 
 # weight format -> (group size, bits, mode) of mlx's quantize; F32 is not quantised
@@ -80,6 +84,11 @@ class MlxBenchConfig:
     layers: int = option(4, "Weight copies rotated so weights come from memory, not cache.")
     seed: int = option(0, "Random seed (routings, weights, inputs).")
     max_seconds: float = option(900.0, "Stop before the next pass size after this many seconds.")
+    statistic: str = option("min", "Statistic of the repetitions as time_us: min (a shared machine only adds time) or median.")
+    dense_twins: bool = option(True, "Also time whole passes of dense twins (1 and 2 layers) for the dense part and fixed time.")
+    heads: int = option(4, "Dense twins: attention heads.")
+    kv_heads: int = option(2, "Dense twins: key/value heads.")
+    vocab: int = option(1024, "Dense twins: vocabulary (the LM head).")
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -88,6 +97,12 @@ class MlxBenchConfig:
                 raise ConfigError(f"mlx microbench: field '{name}' must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0 or not self.max_seconds > 0:
             raise ConfigError("mlx microbench: 'warmup' must be >= 0 and 'max_seconds' > 0")
+        if self.statistic not in STATISTICS:
+            raise ConfigError(f"mlx microbench: field 'statistic' must be one of {', '.join(STATISTICS)}, got '{self.statistic}'")
+        if min(self.heads, self.kv_heads) < 1 or self.heads % self.kv_heads or self.vocab < TOKENIZER_TOKENS:
+            raise ConfigError(
+                f"mlx microbench: heads {self.heads} must be a multiple of kv_heads {self.kv_heads}, vocab >= {TOKENIZER_TOKENS}"
+            )
         for name, values, known in (("routings", self.routings, ROUTINGS), ("formats", self.formats, MLX_FORMATS),
                                     ("families", self.families, FAMILIES)):  # fmt: skip
             unknown = [v for v in values if v not in known]
@@ -211,6 +226,44 @@ def _time_pass(glus: list[Any], x: Any, indices: Any, scores: Any, sort: bool, c
     return samples
 
 
+TWIN_LAYERS = 1  # dense twins of L and 2L layers
+TWIN_FF = 16
+TWIN_CONTEXT = 32  # tokens in the twins' KV cache when a pass is timed
+
+
+def twin_spec(shape: MoeShape, config: MlxBenchConfig, layers: int) -> TinyModelSpec:
+    """A dense llama of the shape's width with the config's attention and vocabulary, and a 16-wide FFN."""
+    return TinyModelSpec(arch="llama", layers=layers, experts=0, hidden=shape.hidden, heads=config.heads, kv_heads=config.kv_heads,
+                         vocab=config.vocab, dense_ff=TWIN_FF, seed=config.seed, name=f"{shape.model}-dense-twin-L{layers}")  # fmt: skip
+
+
+def time_twins(shape: MoeShape, config: MlxBenchConfig) -> dict[int, dict[str, list[float]]]:
+    """Per pass size, every timed repetition of a pass of the dense twins with L and 2L layers, each
+    as mlx_lm decodes: through a KV cache holding TWIN_CONTEXT tokens (the pass's tokens trimmed
+    off again after it); the two twins interleaved so that drifting load hits both alike."""
+    mx, _ = import_mlx()
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    twins = {name: tiny_mlx_model(twin_spec(shape, config, layers))[0] for name, layers in (("L", TWIN_LAYERS), ("2L", 2 * TWIN_LAYERS))}
+    caches = {name: make_prompt_cache(model) for name, model in twins.items()}
+    context = mx.array(np.arange(TWIN_CONTEXT, dtype=np.int32) % TOKENIZER_TOKENS)[None]
+    for name, model in twins.items():
+        mx.eval(model(context, cache=caches[name]))
+    out: dict[int, dict[str, list[float]]] = {}
+    for n in config.pass_sizes:
+        tokens = mx.array(np.arange(n, dtype=np.int32) % TOKENIZER_TOKENS)[None]
+        samples: dict[str, list[float]] = {"L": [], "2L": []}
+        for rep in range(config.warmup + config.reps):
+            for name, model in twins.items():
+                started = time.perf_counter_ns()
+                mx.eval(model(tokens, cache=caches[name]))
+                if rep >= config.warmup:
+                    samples[name].append((time.perf_counter_ns() - started) / 1e3)
+                trim_prompt_cache(caches[name], n)
+        out[n] = samples
+    return out
+
+
 def run_mlx_microbench(config: MlxBenchConfig, shapes: list[MoeShape], progress: Callable[[str], None] | None = None) -> MlxBenchResult:
     """Time every (shape, format, pass size, routing, family); rows in the measurement-table layout."""
     config.validate()
@@ -228,6 +281,7 @@ def run_mlx_microbench(config: MlxBenchConfig, shapes: list[MoeShape], progress:
     for base in shapes:
         for fmt in config.formats:
             shape = MoeShape(base.model, base.hidden, base.expert_intermediate, base.experts, base.top_k, fmt)
+            twins = time_twins(shape, config) if config.dense_twins else {}
             glus = [switch_glu(shape, fmt, config.seed + copy) for copy in range(config.layers)]
             dtype = mx.float32 if MLX_FORMATS[fmt] is None else mx.bfloat16
             for n in config.pass_sizes:
@@ -246,9 +300,14 @@ def run_mlx_microbench(config: MlxBenchConfig, shapes: list[MoeShape], progress:
                     for family in config.families:
                         samples = _time_pass(glus, x, indices, scores, FAMILIES[family], config)
                         extra = {"backend": backend(), "engine_version": engine_version(), "mlx_lm_sorts": ids.size >= MLX_LM_SORT_SLOTS,
-                                 "activation_dtype": "f32" if MLX_FORMATS[fmt] is None else "bf16", "reps_us": samples}  # fmt: skip
+                                 "activation_dtype": "f32" if MLX_FORMATS[fmt] is None else "bf16", "reps_us": samples,
+                                 "time_us_median": float(np.median(samples)), "statistic": config.statistic}  # fmt: skip
+                        if twins:
+                            extra.update(reps_us_dense_L=twins[n]["L"], reps_us_dense_2L=twins[n]["2L"], layers_differenced=TWIN_LAYERS)
+                        timing = summarize_times(samples)
+                        timing = dataclasses.replace(timing, time_us=STATISTICS[config.statistic](samples))
                         rows.append(measurement_row(kernel=family, engine=engine, device=device, shape=shape, routing=routing,
-                                                    features=features, timing=summarize_times(samples), extra=extra))  # fmt: skip
+                                                    features=features, timing=timing, extra=extra))  # fmt: skip
                 say(f"{shape.model} {fmt} n = {n}: done ({time.monotonic() - started:.0f} s)")
             del glus
     loadavg.append(list(os.getloadavg()))
@@ -278,6 +337,15 @@ def _provenance(
         "blas": _blas_libraries(),
         "config": {**asdict(config)},
         "shapes": [asdict(s) for s in shapes],
+        "runs": [  # the dense twins, read by `profile fit` (hw_profiles/fitting/dense_twins.py)
+            {
+                "config": {"shape": {"model": s.model}, "statistic": config.statistic},
+                "models": {"dense_L": asdict(twin_spec(s, config, TWIN_LAYERS))},
+            }
+            for s in shapes
+        ]
+        if config.dense_twins
+        else [],
         "check_against_mlx_lm_max_relative": max(checks.values()) if checks else None,
         "machine": cpu_facts(),
         "loadavg_start_end": loadavg,

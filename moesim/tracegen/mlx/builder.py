@@ -30,7 +30,7 @@ from moesim.fields import option_name
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, _unit_uniform
 from moesim.tracegen.mlx.runtime import import_mlx, read_config
 
-MODEL_TYPES = {"qwen3moe": "qwen3_moe", "llama": "mixtral"}  # TinyModelSpec arch -> mlx_lm model_type
+MODEL_TYPES = {"qwen3moe": "qwen3_moe", "llama": "mixtral"}  # TinyModelSpec arch -> mlx_lm model_type (llama dense: llama)
 SPEC_KEY = "moesim_tiny_model_spec"
 EOS = "<|endoftext|>"
 TOKENIZER_TOKENS = 257  # 256 byte tokens, then EOS
@@ -43,8 +43,8 @@ def mlx_model_name(spec: TinyModelSpec) -> str:
 
 def mlx_config(spec: TinyModelSpec) -> dict[str, Any]:
     """The mlx_lm config.json of a tiny model spec."""
-    if spec.arch not in MODEL_TYPES or not spec.is_moe:
-        raise InputError(f"--format mlx: field 'arch' = {spec.arch!r}: MLX tiny models are MoE {' or '.join(MODEL_TYPES)}")
+    if spec.arch not in MODEL_TYPES:
+        raise InputError(f"--format mlx: field 'arch' = {spec.arch!r}: MLX tiny models are {' or '.join(MODEL_TYPES)}")
     if spec.vocab < TOKENIZER_TOKENS:
         raise InputError(f"--format mlx: field 'vocab' = {spec.vocab}: must be >= {TOKENIZER_TOKENS} (256 bytes and EOS)")
     common = {
@@ -62,6 +62,8 @@ def mlx_config(spec: TinyModelSpec) -> dict[str, Any]:
         "moesim_name": mlx_model_name(spec),
         SPEC_KEY: dataclasses.asdict(spec),
     }
+    if spec.arch == "llama" and not spec.is_moe:  # a dense llama (the microbenchmark's dense twins)
+        return {"model_type": "llama", "intermediate_size": spec.effective_dense_ff, "head_dim": spec.head_dim, **common}
     if spec.arch == "llama":
         return {"model_type": "mixtral", "num_local_experts": spec.experts, "intermediate_size": spec.expert_ff, **common}
     return {
@@ -78,14 +80,17 @@ def mlx_config(spec: TinyModelSpec) -> dict[str, Any]:
     }
 
 
-def _declared_tensors(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every parameter mlx_lm's model class declares for the config: name -> shape."""
-    import_mlx()
+def tiny_mlx_model(spec: TinyModelSpec) -> tuple[Any, dict[str, Any]]:
+    """mlx_lm's model of the spec in memory, with the spec's weights: (model, config)."""
+    mx, _ = import_mlx()
     from mlx.utils import tree_flatten
 
+    config = mlx_config(spec)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    return {name: tuple(value.shape) for name, value in tree_flatten(model.parameters())}
+    model.load_weights([(name, mx.array(_values(name, tuple(v.shape), spec))) for name, v in tree_flatten(model.parameters())])
+    mx.eval(model.parameters())
+    return model, config
 
 
 def _values(name: str, shape: tuple[int, ...], spec: TinyModelSpec) -> np.ndarray:
@@ -140,8 +145,10 @@ _BYTE_OF = _bytes_to_unicode()
 def build_mlx_model(folder: str | Path, spec: TinyModelSpec, force: bool = False) -> Path:
     """Write `spec` as an MLX model folder (files renamed into place only when all are written)."""
     mx, _ = import_mlx()
-    config = mlx_config(spec)
-    tensors = {name: mx.array(_values(name, shape, spec)) for name, shape in _declared_tensors(config).items()}
+    from mlx.utils import tree_flatten
+
+    model, config = tiny_mlx_model(spec)
+    tensors = dict(tree_flatten(model.parameters()))
     folder = Path(folder)
     with output_dir(folder, force) as staging:
         mx.save_safetensors(str(staging / "model.safetensors"), tensors, metadata={"format": "mlx"})

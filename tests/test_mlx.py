@@ -195,3 +195,41 @@ def test_without_the_extra_every_mlx_command_says_what_to_install(models: dict[s
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'moesim[mlx]'" in lines[0], done.stderr
     assert not any(tmp_path.glob("*.arrow")) and not (tmp_path / "m").exists() and not (tmp_path / "b").exists()
+
+
+def test_longest_paying_draft() -> None:
+    from moesim.sim.validate.mlx_cpu import crossover
+
+    k = np.array([0, 1, 2, 4, 8])
+    assert crossover(k, np.array([10.0, 12.0, 11.0, 9.0, 7.0])) == 2
+    assert crossover(k, np.array([10.0, 9.0, 12.0, 9.0, 7.0])) == 2
+    assert crossover(k, np.array([10.0, 9.0, 8.0, 7.0, 6.0])) == 0
+
+
+def test_mlx_validation_pipeline_on_tiny_models(tmp_path: Path) -> None:
+    import polars as pl
+
+    from moesim.hw_profiles.microbench.mlx_switch import MlxBenchConfig, run_mlx_microbench
+    from moesim.hw_profiles.microbench.table import MoeShape, write_measurements
+    from moesim.sim.validate.mlx_cpu import MlxValidationConfig, analyze, measured_r, run_mlx_validation
+
+    shapes = [MoeShape("a", 64, 32, 8, 2, "F32"), MoeShape("b", 96, 48, 8, 2, "F32")]
+    bench = run_mlx_microbench(MlxBenchConfig(pass_sizes=(1, 2, 3, 5), routings=("uniform", "same"), formats=("F32",), reps=3, warmup=1,
+                                              layers=1, vocab=300), shapes)  # fmt: skip
+    write_measurements(bench.rows, tmp_path / "cal", bench.provenance)
+    config = MlxValidationConfig(draft_lens=(1, 4), repetitions=2, max_tokens=6, shape=shapes[0], vocab=300, prompts=tuple(PROMPTS[:2]))
+    validation, summary = run_mlx_validation(config, tmp_path / "out", tmp_path / "cal")
+    per_k = validation.per_k
+    assert per_k["draft_len"].to_list() == [0, 1, 4]
+    assert set(summary["best_draft"]) >= {"measured", "predicted_from_source"} and set(summary["longest_paying_draft"]) == {
+        "measured", "predicted_from_source", "predicted_on_measured_passes"}  # fmt: skip
+    assert np.all(per_k["tokens_per_s_predicted"].to_numpy() > 0) and np.all(per_k["tokens_per_s"].to_numpy() > 0)
+    # the source's first step of every prompt, truncated to k = 1, accepts what the run at k = 1 accepted there (greedy: a prefix)
+    first = {k: read_spec_run(tmp_path / "out" / "runs" / f"spec-k{k}.arrow").steps.filter(pl.col("step") == 0) for k in (1, 4)}
+    assert first[1]["accepted"].to_list() == [min(a, 1) for a in first[4]["accepted"].to_list()]
+    again = analyze(tmp_path / "out", config)  # the comparison again from the files alone
+    assert again.per_k.equals(per_k)
+    r = measured_r(tmp_path / "cal" / "measurements.parquet")
+    u = r["u"].to_numpy()
+    assert r.height == 2 * 4 and np.all((u > 0) & (u <= 1))
+    np.testing.assert_allclose(r["r"].to_numpy(), u * r["per_slot_us"].to_numpy() / r["sorted_us"].to_numpy())

@@ -16,7 +16,8 @@ quantisations through `gather_qmm` (affine 8, 6 and 4 bits in groups of 64, MXFP
 32), quantised from bf16 weights with bf16 activations, so scales and biases are bf16 as in the
 formats' byte counts (checked against the arrays).
 
-Timing: routing and inputs are built before timing; each repetition runs the operation over
+Timing (the process's CPU time by default, robust on a machine shared with other jobs; or wall
+time): routing and inputs are built before timing; each repetition runs the operation over
 `layers` copies of the weights (different memory each, so weights come from memory, not the cache
 of the previous copy) with `mx.eval` after each; `time_us` is the repetition's time / layers,
 median over `reps` after `warmup` discarded repetitions. Before timing, both orders are checked
@@ -53,7 +54,7 @@ from moesim.machine import cpu_facts
 from moesim.models import load_target
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
 from moesim.tracegen.mlx.builder import TOKENIZER_TOKENS, tiny_mlx_model
-from moesim.tracegen.mlx.runtime import backend, engine_version, import_mlx
+from moesim.tracegen.mlx.runtime import CLOCKS, backend, engine_version, import_mlx
 
 # weight format -> (group size, bits, mode) of mlx's quantize; F32 is not quantised
 MLX_FORMATS: dict[str, tuple[int, int, str] | None] = {
@@ -85,6 +86,7 @@ class MlxBenchConfig:
     seed: int = option(0, "Random seed (routings, weights, inputs).")
     max_seconds: float = option(900.0, "Stop before the next pass size after this many seconds.")
     statistic: str = option("min", "Statistic of the repetitions as time_us: min (a shared machine only adds time) or median.")
+    clock: str = option("cpu", "cpu: the process's CPU time (robust on a shared machine), or wall.")
     dense_twins: bool = option(True, "Also time whole passes of dense twins (1 and 2 layers) for the dense part and fixed time.")
     heads: int = option(4, "Dense twins: attention heads.")
     kv_heads: int = option(2, "Dense twins: key/value heads.")
@@ -97,6 +99,8 @@ class MlxBenchConfig:
                 raise ConfigError(f"mlx microbench: field '{name}' must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0 or not self.max_seconds > 0:
             raise ConfigError("mlx microbench: 'warmup' must be >= 0 and 'max_seconds' > 0")
+        if self.clock not in CLOCKS:
+            raise ConfigError(f"mlx microbench: field 'clock' must be one of {', '.join(CLOCKS)}, got '{self.clock}'")
         if self.statistic not in STATISTICS:
             raise ConfigError(f"mlx microbench: field 'statistic' must be one of {', '.join(STATISTICS)}, got '{self.statistic}'")
         if min(self.heads, self.kv_heads) < 1 or self.heads % self.kv_heads or self.vocab < TOKENIZER_TOKENS:
@@ -216,13 +220,14 @@ def device_name() -> str:
 
 def _time_pass(glus: list[Any], x: Any, indices: Any, scores: Any, sort: bool, config: MlxBenchConfig) -> list[float]:
     mx, _ = import_mlx()
+    now = CLOCKS[config.clock]
     samples = []
     for rep in range(config.warmup + config.reps):
-        started = time.perf_counter_ns()
+        started = now()
         for glu in glus:
             mx.eval(expert_forward(glu, x, indices, scores, sort))
         if rep >= config.warmup:
-            samples.append((time.perf_counter_ns() - started) / 1e3 / len(glus))
+            samples.append((now() - started) / 1e3 / len(glus))
     return samples
 
 
@@ -244,6 +249,7 @@ def time_twins(shape: MoeShape, config: MlxBenchConfig) -> dict[int, dict[str, l
     mx, _ = import_mlx()
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+    now = CLOCKS[config.clock]
     twins = {name: tiny_mlx_model(twin_spec(shape, config, layers))[0] for name, layers in (("L", TWIN_LAYERS), ("2L", 2 * TWIN_LAYERS))}
     caches = {name: make_prompt_cache(model) for name, model in twins.items()}
     context = mx.array(np.arange(TWIN_CONTEXT, dtype=np.int32) % TOKENIZER_TOKENS)[None]
@@ -255,10 +261,10 @@ def time_twins(shape: MoeShape, config: MlxBenchConfig) -> dict[int, dict[str, l
         samples: dict[str, list[float]] = {"L": [], "2L": []}
         for rep in range(config.warmup + config.reps):
             for name, model in twins.items():
-                started = time.perf_counter_ns()
+                started = now()
                 mx.eval(model(tokens, cache=caches[name]))
                 if rep >= config.warmup:
-                    samples[name].append((time.perf_counter_ns() - started) / 1e3)
+                    samples[name].append((now() - started) / 1e3)
                 trim_prompt_cache(caches[name], n)
         out[n] = samples
     return out

@@ -5,7 +5,8 @@ twins it times), speculative runs through mlx_lm's own speculative generation at
 lengths, compared with the predictions (`draft_lengths`): the cost model and the acceptance model
 judged apart.
 
-Every run is repeated; each verify step keeps its minimum over the repetitions (greedy decoding
+Calls are timed in the process's CPU time, as the microbenchmark times them (this machine is shared
+with other jobs). Every run is repeated; each verify step keeps its minimum over the repetitions (greedy decoding
 is deterministic, checked), as the microbenchmark keeps its minimum; the draft lengths are
 interleaved within each repetition so that drifting load hits them alike. The step-time model
 runs the engine's dispatch (`dispatch`: mlx_lm sorts rows by expert from 64 (token, slot) rows,
@@ -59,7 +60,7 @@ from moesim.tracegen.mlx.builder import build_mlx_model
 from moesim.tracegen.mlx.runtime import ENGINE, backend, engine_version
 from moesim.tracegen.mlx.speculate import MlxSpeculativeSession
 
-TIMING = "perf_counter wall time of each mlx_lm call with mx.eval of its logits; per step the minimum over {reps} repetitions"
+TIMING = "process CPU time of each mlx_lm call with mx.eval of its logits; per step the minimum over {reps} repetitions"
 KV_BYTES = 4.0  # the tiny models are float32: so is their KV cache
 
 
@@ -113,7 +114,7 @@ def _session(config: MlxValidationConfig, models_dir: Path | None, say: Progress
         say(f"building the MLX target and a draft with noise {config.noise}")
         build_mlx_model(folder / "target", spec)
         build_mlx_model(folder / "draft", dataclasses.replace(spec, noise=config.noise, name="moesim-mlx-validation-draft"))
-        yield MlxSpeculativeSession(folder / "target", folder / "draft")
+        yield MlxSpeculativeSession(folder / "target", folder / "draft", "cpu")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

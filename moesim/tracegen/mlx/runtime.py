@@ -302,23 +302,37 @@ class PassLog:
             values.clear()
 
 
+# How a call is timed: wall time, or the process's CPU time (all its threads: MLX's CPU backend
+# computes on one stream thread while the caller waits, so on a quiet machine the two agree; on a
+# machine shared with other jobs CPU time leaves out the time the process waited for a core).
+CLOCKS = {"wall": time.perf_counter_ns, "cpu": time.process_time_ns}
+
+
+def clock(name: str) -> Any:
+    """The nanosecond clock of a name in CLOCKS (one line when unknown)."""
+    if name not in CLOCKS:
+        raise InputError(f"unknown clock '{name}' (known: {', '.join(CLOCKS)})")
+    return CLOCKS[name]
+
+
 class TimedModel:
-    """A model whose every call is evaluated at once and timed (perf_counter around the forward and
+    """A model whose every call is evaluated at once and timed (the clock around the forward and
     `mx.eval` of its logits), then, if it captures, its routing read into numpy outside the timing.
     Everything else (layers, make_cache, ...) is the wrapped model's, so mlx_lm's generators run it."""
 
-    def __init__(self, model: Any, capture: RoutingCapture | None = None) -> None:
+    def __init__(self, model: Any, capture: RoutingCapture | None = None, clock_name: str = "wall") -> None:
         self._model = model
         self.capture = capture
         self.log = PassLog()
+        self._now = clock(clock_name)
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """The wrapped model's logits, evaluated; the call logged (and its routing read)."""
         mx, _ = import_mlx()
-        started = time.perf_counter_ns()
+        started = self._now()
         out = self._model(inputs, *args, **kwargs)
         mx.eval(out)
-        self.log.time_us.append((time.perf_counter_ns() - started) / 1e3)
+        self.log.time_us.append((self._now() - started) / 1e3)
         self.log.tokens.append(int(inputs.shape[-1]))
         self.log.inputs.append(np.array(inputs).reshape(-1))
         self.log.argmax.append(np.array(mx.argmax(out, axis=-1)).reshape(-1))

@@ -8,12 +8,13 @@ longest prefix of drafts equal to the target's greedy choices and adds the targe
 is the prompt's last, so a sequence's `prompt_tokens` counts the n − 1 prefilled ones.
 
 Both models are wrapped in `runtime.TimedModel`: every call is evaluated at once (`mx.eval` of its
-logits) and timed; `draft_us` is the sum of a step's draft calls, `verify_us` the target's verify
-call (its routing read by the taps on the target's MoE blocks, outside the timed region; the
-greedy sampling mlx_lm applies after a call is evaluated with the next call). The fed tokens and
-the target's choices are read from the calls themselves; the accepted count mlx_lm yielded is
-checked against them. Optionally the target then decodes the prompt plainly through mlx_lm's
-`generate_step` (one-token calls timed: the baseline T(1); and the outputs compared).
+logits) and timed (wall time; a session may take the process's CPU time, `runtime.CLOCKS`);
+`draft_us` is the sum of a step's draft calls, `verify_us` the target's verify call (its routing
+read by the taps on the target's MoE blocks, outside the timed region; the greedy sampling
+mlx_lm applies after a call is evaluated with the next call). The fed tokens and the target's
+choices are read from the calls themselves; the accepted count mlx_lm yielded is checked against
+them. Optionally the target then decodes the prompt plainly through mlx_lm's `generate_step`
+(one-token calls timed: the baseline T(1); and the outputs compared).
 """
 
 from __future__ import annotations
@@ -60,15 +61,16 @@ class _Cursor:
 class MlxSpeculativeSession:
     """A target (timed, routed) and a draft (timed), ready to run prompts through mlx_lm."""
 
-    def __init__(self, target_path: str | Path, draft_path: str | Path) -> None:
+    def __init__(self, target_path: str | Path, draft_path: str | Path, clock_name: str = "wall") -> None:
         self.target = load_model(target_path)
         self.draft = load_model(draft_path, require_moe=False)
         if self.draft.n_vocab != self.target.n_vocab:
             raise InputError(f"{draft_path}: the draft's vocabulary has {self.draft.n_vocab} tokens, the target's {self.target.n_vocab}")
         self.geometry = model_geometry(self.target)
         self.capture = RoutingCapture(self.target)
-        self.timed_target = TimedModel(self.target.model, self.capture)
-        self.timed_draft = TimedModel(self.draft.model)
+        self.clock_name = clock_name
+        self.timed_target = TimedModel(self.target.model, self.capture, clock_name)
+        self.timed_draft = TimedModel(self.draft.model, None, clock_name)
 
     def run_prompt(
         self, tokens: list[int], draft_len: int, max_tokens: int, baseline: bool = True, check: Callable[[], None] | None = None
@@ -136,7 +138,7 @@ class MlxSpeculativeSession:
         from mlx_lm.generate import generate_step
 
         self.capture.active = False
-        plain = TimedModel(self.target.model)
+        plain = TimedModel(self.target.model, None, self.clock_name)
         steps = generate_step(mx.array(tokens), plain, max_tokens=int(output.shape[0]), prefill_step_size=len(tokens))
         decoded = []
         for token, _ in steps:

@@ -233,3 +233,38 @@ def test_mlx_validation_pipeline_on_tiny_models(tmp_path: Path) -> None:
     u = r["u"].to_numpy()
     assert r.height == 2 * 4 and np.all((u > 0) & (u <= 1))
     np.testing.assert_allclose(r["r"].to_numpy(), u * r["per_slot_us"].to_numpy() / r["sorted_us"].to_numpy())
+
+
+def test_committed_mlx_validation_recomputes_from_its_files(tmp_path: Path) -> None:
+    import shutil
+
+    import polars as pl
+    from conftest import DATA
+    from polars.testing import assert_frame_equal
+
+    from moesim.sim.validate.mlx_cpu import MlxValidationConfig, analyze
+
+    folder = shutil.copytree(DATA / "mlx-cpu-validation", tmp_path / "v")
+    validation = analyze(folder, MlxValidationConfig())
+    committed = pl.read_csv(DATA / "mlx-cpu-validation" / "per_k.csv")
+    assert_frame_equal(validation.per_k.select(committed.columns), committed, check_exact=False, rel_tol=1e-9)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["best_draft"]["measured"] == summary["best_draft"]["predicted_from_source"]
+
+
+def test_microbench_option_combinations(tmp_path: Path, cli) -> None:
+    import polars as pl
+
+    out = tmp_path / "b"
+    code, _, err = cli("microbench", "mlx", "--out", out, "--hidden", 64, "--expert-intermediate", 32, "--experts", 4, "--top-k", 2,
+                       "--pass-sizes", "1,3", "--routing", "same", "--format", "F32", "--family", "per_slot",
+                       "--clock", "wall", "--statistic", "median",
+                       "--no-dense-twins", "--reps", 3, "--warmup", 0, "--layers", 1)  # fmt: skip
+    assert code == 0, err
+    table = pl.read_parquet(out / "measurements.parquet")
+    assert table.height == 2 * 2 and set(table["kernel"]) == {"per_slot"} and set(table["routing"]) == {"same"}
+    assert "reps_us_dense_L" not in table.columns and set(table["statistic"]) == {"median"}
+    np.testing.assert_allclose(table["time_us"].to_numpy(), [np.median(r) for r in table["reps_us"].to_list()])
+    assert json.loads((out / "provenance.json").read_text())["config"]["clock"] == "wall"
+    code, _, err = cli("microbench", "mlx", "--out", tmp_path / "c", "--clock", "sundial")
+    assert code == 2 and "clock" in err and len(err.strip().splitlines()) == 1

@@ -268,3 +268,25 @@ def test_microbench_option_combinations(tmp_path: Path, cli) -> None:
     assert json.loads((out / "provenance.json").read_text())["config"]["clock"] == "wall"
     code, _, err = cli("microbench", "mlx", "--out", tmp_path / "c", "--clock", "sundial")
     assert code == 2 and "clock" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"hidden_size": "wide"}, "field 'hidden_size' = 'wide'"),
+        ({"num_experts_per_tok": 0}, "field 'num_experts_per_tok' = 0"),
+        ({"model_type": "bert"}, "model_type 'bert'"),
+        ({"num_local_experts": 7}, "could not load the model"),
+    ],
+)
+def test_a_malformed_mlx_folder_is_one_line(models: dict[str, Path], tmp_path: Path, cli, edit: dict, message: str) -> None:
+    import shutil
+
+    folder = shutil.copytree(models["mixtral"], tmp_path / "bad")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    code, _, err = cli("trace", "record", folder, "--prompts", prompts, "--out", tmp_path / "t.arrow")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "t.arrow").exists()

@@ -114,12 +114,16 @@ def load_model(path: str | Path, require_moe: bool = True) -> MlxModel:
     config = read_config(path)
     if require_moe and config["model_type"] not in ROUTED_TYPES:
         raise InputError(f"{path / 'config.json'}: model_type '{config['model_type']}': routing is read from {', '.join(ROUTED_TYPES)}")
+    for key in ("num_hidden_layers", "hidden_size", "vocab_size", *(("num_experts_per_tok",) if require_moe else ())):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{path / 'config.json'}: field '{key}' = {value!r}: must be an integer >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from mlx_lm.utils import load
 
     try:
         model, tokenizer = load(str(path))
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except Exception as exc:  # mlx_lm's loader and the tokenizer's raise whatever a malformed folder makes them raise
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise MlxError(f"{path}: mlx_lm could not load the model ({why})") from None
     blocks = [(i, block) for i, layer in enumerate(model.layers) for block in _moe_blocks(layer)]

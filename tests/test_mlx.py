@@ -290,3 +290,15 @@ def test_a_malformed_mlx_folder_is_one_line(models: dict[str, Path], tmp_path: P
     code, _, err = cli("trace", "record", folder, "--prompts", prompts, "--out", tmp_path / "t.arrow")
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "t.arrow").exists()
+
+
+def test_every_quantisation_of_mlx_lm_runs_and_holds_its_bytes() -> None:
+    from moesim.hw_profiles.microbench.mlx_switch import MLX_FORMATS, MlxBenchConfig, run_mlx_microbench
+    from moesim.hw_profiles.microbench.table import MoeShape
+
+    formats = tuple(MLX_FORMATS)
+    config = MlxBenchConfig(pass_sizes=(2,), routings=("uniform",), formats=formats, reps=1, warmup=0, layers=1, dense_twins=False)
+    rows = run_mlx_microbench(config, [MoeShape("t", 64, 64, 4, 2, "F32")]).rows
+    assert sorted({r["dtype"] for r in rows}) == sorted(f.lower() for f in MLX_FORMATS)
+    by_format = {r["dtype"]: r["expert_bytes"] for r in rows}
+    assert by_format["mxfp4"] < by_format["affine4"] < by_format["affine6"] < by_format["affine8"] < by_format["f32"]

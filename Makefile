@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
-	$(BIN)/python -m pip install -qq -e '.[test,ray]'
+	$(BIN)/python -m pip install -qq -e '.[test,ray,mlx]'
 	touch $(STAMP)
 
 demo: $(STAMP)

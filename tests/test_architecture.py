@@ -46,6 +46,7 @@ SUBFLOORS = {
         "routing": {"formats"},
         "importers": {"formats"},
         "llamacpp": {"formats"},
+        "mlx": {"formats", "llamacpp"},  # the llama.cpp adapter's prompts, configs and run loops, engine-independent
         TOP: set(),
     },
     "hw_profiles": {

@@ -1,5 +1,5 @@
-"""`moesim microbench ...`: measurement tables (contract 3) through torch, llama.cpp, or llama.cpp's own
-`test-backend-ops` output."""
+"""`moesim microbench ...`: measurement tables (contract 3) through torch, llama.cpp, MLX (mlx_lm), or
+llama.cpp's own `test-backend-ops` output."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from moesim.atomic import check_out_dir, protect
 from moesim.cli.options import ForceOpt, config_options, from_options
 from moesim.cli.render import console, render_table, say
 from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig
+from moesim.hw_profiles.microbench.mlx_switch import MlxBenchConfig
 from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig
 
 app = typer.Typer(help="Microbenchmarks of one MoE layer's expert operation; each writes a measurement table.", no_args_is_help=True)
@@ -75,6 +76,36 @@ def microbench_llama_cpp(
     config = LlamaBenchConfig(**from_options(LlamaBenchConfig, options))
     check_out_dir(out, force)
     result = run_llamacpp_shapes(config, shapes, models_dir, progress=say)
+    path = write_measurements(result.rows, out, result.provenance, force=force)
+    _report_table(path, result.rows, result.provenance)
+
+
+@app.command("mlx")
+@config_options(MlxBenchConfig)
+def microbench_mlx(
+    out: OutOpt,
+    model: Annotated[
+        list[str] | None, typer.Option(help="Model preset whose expert shape is measured (repeatable; default: two small shapes).")
+    ] = None,
+    experts: Annotated[int | None, typer.Option(help="Override the shapes' routed experts.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Override the shapes' top-k.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Override the shapes' hidden size.")] = None,
+    expert_intermediate: Annotated[int | None, typer.Option(help="Override the shapes' expert width.")] = None,
+    force: ForceOpt = False,
+    **options: Any,
+) -> None:
+    """Time one MoE layer's expert operation through mlx_lm's SwitchGLU (gather_mm / gather_qmm, rows sorted or not) and write a table."""
+    from moesim.hw_profiles.microbench.mlx_switch import mlx_shapes, run_mlx_microbench
+    from moesim.hw_profiles.microbench.table import write_measurements
+    from moesim.tracegen.mlx.runtime import import_mlx
+
+    import_mlx()
+    config = MlxBenchConfig(**from_options(MlxBenchConfig, options))
+    config.validate()
+    overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
+    shapes = mlx_shapes(model, overrides)
+    check_out_dir(out, force)
+    result = run_mlx_microbench(config, shapes, progress=say)
     path = write_measurements(result.rows, out, result.provenance, force=force)
     _report_table(path, result.rows, result.provenance)
 

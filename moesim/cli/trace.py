@@ -14,6 +14,7 @@ from moesim.cli.render import console, interrupted, print_json, progress, render
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
 from moesim.tracegen.llamacpp.recorder import RecordConfig
 from moesim.tracegen.llamacpp.speculate import SpeculateConfig
+from moesim.tracegen.mlx import is_mlx_model
 from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED
 
 app = typer.Typer(help="Routing traces: synthesise, inspect, record, import.", no_args_is_help=True)
@@ -102,16 +103,23 @@ def trace_info(
 @app.command("tiny-model")
 @config_options(TinyModelSpec, include=TINY_SHAPE, overrides=True)
 def trace_tiny_model(
-    out: Annotated[Path, typer.Option(help="GGUF file to write.")],
+    out: Annotated[Path, typer.Option(help="GGUF file to write (a folder with --format mlx).")],
     draft_of: Annotated[Path | None, typer.Option(help="Write a noisy copy of this moesim-built GGUF (a draft model).")] = None,
     noise: Annotated[float | None, typer.Option(help="With --draft-of: noise added to every weight (0: identical).")] = None,
     **shape: Any,
 ) -> None:
-    """Write a random MoE model as GGUF (100 KB to several GB), or a noisy draft copy of one."""
+    """Write a random MoE model as GGUF (100 KB to several GB) or an MLX model folder (--format mlx), or a noisy draft copy."""
     from moesim.tracegen.llamacpp.gguf_builder import expert_weight_bytes
     from moesim.tracegen.llamacpp.gguf_reader import write_tiny_model
 
     protect(draft_of)
+    if (shape.get("weight_type") or "").upper() == "MLX":
+        from moesim.tracegen.mlx.builder import mlx_folder_bytes, mlx_model_name, write_tiny_mlx_model
+
+        shape["weight_type"] = None
+        spec = write_tiny_mlx_model(out, from_options(TinyModelSpec, shape, TINY_SHAPE), draft_of, noise)
+        console.print(f"wrote {out}/: {mlx_model_name(spec)}, an MLX model folder, {mlx_folder_bytes(out) / 1e6:.2f} MB of F32 weights")
+        return
     spec = write_tiny_model(out, from_options(TinyModelSpec, shape, TINY_SHAPE), draft_of, noise)
     size_mb = out.stat().st_size / 1e6
     console.print(f"wrote {out}: {spec.model_name}, {size_mb:.2f} MB ({expert_weight_bytes(spec) / 1e6:.2f} MB of routed experts)")
@@ -120,18 +128,20 @@ def trace_tiny_model(
 @app.command("record")
 @config_options(RecordConfig)
 def trace_record(
-    model: Annotated[Path, typer.Argument(help="GGUF MoE model.")],
+    model: Annotated[Path, typer.Argument(help="GGUF MoE model, or an MLX model folder (needs moesim[mlx]).")],
     prompts: PromptsOpt,
     out: Annotated[Path | None, typer.Option(help="Trace to write (default: MODEL.trace.arrow here).")] = None,
     **options: Any,
 ) -> None:
-    """Record per-token, per-layer expert routing from a GGUF model through llama.cpp."""
+    """Record per-token, per-layer expert routing from a GGUF model through llama.cpp, or from an MLX model folder through mlx_lm."""
     from moesim.tracegen.llamacpp.prompts import load_prompts
     from moesim.tracegen.llamacpp.recorder import default_trace_path, kept_after_interrupt, record_trace
 
     protect(model, prompts)
     config = RecordConfig(**from_options(RecordConfig, options))
     prompt_set = load_prompts(prompts)
+    if is_mlx_model(model):
+        from moesim.tracegen.mlx.recorder import record_trace
     with progress("recording", "positions") as update:
         result = record_trace(model, prompt_set, out or default_trace_path(model), config, update)
     if result.interrupted:
@@ -146,13 +156,13 @@ def trace_record(
 @app.command("speculate")
 @config_options(SpeculateConfig)
 def trace_speculate(
-    target: Annotated[Path, typer.Argument(help="Target GGUF MoE model.")],
-    draft: Annotated[Path, typer.Argument(help="Draft GGUF model (same vocabulary).")],
+    target: Annotated[Path, typer.Argument(help="Target GGUF MoE model, or an MLX model folder (needs moesim[mlx]).")],
+    draft: Annotated[Path, typer.Argument(help="Draft model of the same kind (same vocabulary).")],
     prompts: PromptsOpt,
     out: Annotated[Path | None, typer.Option(help="Run to write (default: TARGET.spec-kK.arrow here).")] = None,
     **options: Any,
 ) -> None:
-    """Run greedy draft-then-verify decoding through llama.cpp and write a measured speculative run."""
+    """Run greedy draft-then-verify decoding through llama.cpp (GGUF) or mlx_lm (MLX folders) and write a measured speculative run."""
     from moesim.tracegen.formats.specrun import read_spec_run, spec_run_summary
     from moesim.tracegen.llamacpp.prompts import load_prompts
     from moesim.tracegen.llamacpp.recorder import kept_after_interrupt
@@ -162,6 +172,8 @@ def trace_speculate(
     config = SpeculateConfig(**from_options(SpeculateConfig, options))
     path = out or default_run_path(target, config.draft_len)
     prompt_set = load_prompts(prompts)
+    if is_mlx_model(target):
+        from moesim.tracegen.mlx.speculate import speculative_run
     with progress("speculating", "steps") as update:
         result = speculative_run(target, draft, prompt_set, path, config, update)
     if result.interrupted:

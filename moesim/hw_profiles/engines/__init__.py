@@ -14,11 +14,11 @@ from __future__ import annotations
 from moesim.errors import InputError
 from moesim.hw_profiles.engines.kernels import Engine, Kernel
 from moesim.hw_profiles.engines.llamacpp import LlamaCppCuda, LlamaCppMetal, LlamaCppVulkan
-from moesim.hw_profiles.engines.others import Mlx, VllmFusedMoe
+from moesim.hw_profiles.engines.others import Mlx, MlxCpu, VllmFusedMoe
 from moesim.registry import Registry
 
 ENGINES: Registry[Engine] = Registry("engine", InputError)
-for _engine in (LlamaCppCuda, LlamaCppVulkan, LlamaCppMetal, Mlx, VllmFusedMoe):
+for _engine in (LlamaCppCuda, LlamaCppVulkan, LlamaCppMetal, Mlx, MlxCpu, VllmFusedMoe):
     ENGINES.register(_engine)
 
 __all__ = ["ENGINES", "Engine", "Kernel"]

@@ -7,6 +7,13 @@ then runs `gather_qmm_rhs` (sorted, each expert's weights reused over its rows: 
 when M = 1, B >= 16, the indices are sorted and B / E >= 4 (B = tokens x top-k; 8 before mlx
 #2609, v0.29.2), else `gather_qmv`, one mat-vec per row (per-slot).
 
+MLX on the CPU backend (ml-explore/mlx mlx/backend/cpu/masked_mm.cpp `GatherMM::eval_cpu`,
+quantized.cpp `GatherQMM::eval_cpu` @ 846d176227a0ac13d2667e58d2bb68b322109ab0): every (token, slot)
+row is its own matrix product (`cblas_sgemm`, float32 only; `_qmm` per row for quantised weights)
+and `sorted_indices` is not read; what sorting changes is the order of the rows, so an expert's
+rows follow one another and its weights are read from memory once per pass (then from the cache).
+mlx-lm sorts when tokens x top-k >= 64 (`SwitchGLU.__call__`, `do_sort = indices.size >= 64`).
+
 vLLM: `fused_moe_kernel` (vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_moe.py @
 13cb3e44373beb1c8b9d2c017f565af6f7a1b601) computes BLOCK_SIZE_M x BLOCK_SIZE_N tiles of one
 expert's slots after `moe_align_block_size` pads each expert's slots to a multiple of BLOCK_SIZE_M:
@@ -41,6 +48,25 @@ class Mlx(Engine):
         return [
             DispatchRule("dedup_gather_qmm", min_slots=64, min_slots_per_expert=per_expert, note="sorted rows (mlx-lm), B/E threshold"),
             DispatchRule("per_slot", note="gather_qmv"),
+        ]
+
+
+class MlxCpu(Engine):
+    """MLX's CPU backend, through mlx-lm's SwitchGLU."""
+
+    name = "MLX CPU"
+    citation = "ml-explore/mlx-lm switch_layers.py @ d78bf58e; ml-explore/mlx backend/cpu/masked_mm.cpp, quantized.cpp @ 846d1762"
+    kernels = (
+        Kernel("per_slot", 1, "gather_mm / gather_qmm rows in token order: one matrix product per (token, slot) row"),
+        Kernel("dedup_gather_sorted", 0, "rows sorted by expert (mlx-lm's _gather_sort): each used expert streamed once"),
+    )
+    eras = (Era("2025-04-17", "mlx-lm SwitchGLU sorts rows when tokens x top-k >= 64; the CPU kernels ignore sorted_indices"),)
+
+    def rules(self, era: str, architecture: str) -> list[DispatchRule]:
+        """The rule of the era (module docstring)."""
+        return [
+            DispatchRule("dedup_gather_sorted", min_slots=64, note="mlx-lm sorts rows by expert (indices.size >= 64)"),
+            DispatchRule("per_slot", note="rows in token order"),
         ]
 
 

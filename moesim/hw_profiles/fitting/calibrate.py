@@ -22,6 +22,8 @@ import polars as pl
 from moesim.errors import InputError
 from moesim.filters import apply_filters, parse_filters
 from moesim.hw_profiles.catalog import lookup_device
+from moesim.hw_profiles.dispatch import Dispatch
+from moesim.hw_profiles.engines import ENGINES
 from moesim.hw_profiles.families import DenseFamily, Roofline
 from moesim.hw_profiles.fitting.dense_twins import fit_dense_twins, has_dense_twins
 from moesim.hw_profiles.fitting.family_fit import CACHE_SHARE, FamilyFit, expert_inputs, fit_family, solve_relative
@@ -294,6 +296,7 @@ def fit_profile(
         )
         families, transfers = with_whole_passes(families, passes, "passes")
         notes.append(f"whole passes of {passes.name}: {'; '.join(f'{t.family}: {t.transfer.note}' for t in transfers)}")
+    dispatch = engine_dispatch(frame, families, sources)
     profile = HardwareProfile(
         name=name,
         description=f"{device.name}: fitted from {table.name} ({frame.height} rows) by `moesim profile fit`",
@@ -307,9 +310,24 @@ def fit_profile(
         field_sources=field_sources,
         notes=tuple(notes),
         section_sources=section_sources,
+        dispatch=dispatch,
     )
     check_profile(profile, f"{table} (the profile fitted from its {frame.height} rows)")
     return FitReport(profile, fits, frame.height, notes, transfers)
+
+
+def engine_dispatch(frame: pl.DataFrame, families: dict[str, Any], sources: dict[str, Provenance]) -> Dispatch | None:
+    """The dispatch of the table's one engine when moesim knows it (`hw_profiles/engines`), kept to the
+    calibrated families (then the profile is an engine profile); None otherwise."""
+    names = set(frame["engine"].to_list()) if "engine" in frame.columns else set()
+    if len(names) != 1 or (name := names.pop()) not in ENGINES:
+        return None
+    engine = ENGINES.create(name)
+    rules = tuple(rule for rule in engine.dispatch().rules if rule.family in families)
+    if not rules or set(families) - {rule.family for rule in rules}:
+        return None
+    sources["engine-source"] = Provenance("published", citation=f"{engine.citation}; {engine.eras[-1].since}")
+    return Dispatch(rules, "engine-source")
 
 
 def _fit_dense(rows: pl.DataFrame, source: str, assumed: DenseFamily, provenance: Provenance) -> DenseFamily:

@@ -41,7 +41,7 @@ from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, tensor_plans
 
 REPS_COLUMNS = ("reps_us_dense_L", "reps_us_dense_2L")
 NOTE = (
-    "fitted to the llama.cpp microbenchmark's dense twins: layer time = bytes / bandwidth + FLOPs / rate (launch folded into the "
+    "fitted to the microbenchmark's dense twins (llama.cpp or MLX): layer time = bytes / bandwidth + FLOPs / rate (launch folded into the "
     "bandwidth: every twin layer reads the same bytes); fixed time per pass = the twins' time outside their layers minus the LM head"
 )
 

@@ -71,7 +71,7 @@ class TinyModelSpec:
     heads: int = option(4, "Attention heads.")
     kv_heads: int = option(2, "Key/value heads.")  # deepseek2 ignores it: its MLA attention is written with one KV head
     vocab: int = option(288, "Vocabulary size (259..1030; byte-level SentencePiece).")
-    weight_type: str = option("F32", "F32 or F16.", name="--format", parse=str.upper, show=str)
+    weight_type: str = option("F32", "F32 or F16 (GGUF), or mlx (an MLX model folder, F32).", name="--format", parse=str.upper, show=str)
     seed: int = option(0, "Random seed of the weights.")
     context_length: int = 4096
     output_scale: float = 8.0

@@ -191,31 +191,38 @@ def record_trace(
         n_ctx = context_size(model, token_lists, config.max_tokens, str(prompts.path), [p.line for p in prompts.prompts])
         capture = RoutingCapture(geometry.moe_layers, geometry.top_k) if config.capture else None
         with LlamaContext(model, n_ctx, config.n_threads, config.n_ubatch, capture) as ctx:
-            return _record(ctx, token_lists, out_path, meta, config, progress)
+
+            def run(tokens: list[int], check: Callable[[], None]) -> PromptRun:
+                return run_prompt(ctx, tokens, config.max_tokens, config.prompt_batch, check)
+
+            return record_prompts(run, token_lists, out_path, meta, config, progress)
 
 
-def _record(
-    ctx: LlamaContext,
+def record_prompts(
+    run: Callable[[list[int], Callable[[], None]], PromptRun],
     token_lists: list[list[int]],
     out_path: Path | None,
     meta: TraceMeta,
     config: RecordConfig,
     progress: ProgressFn | None,
 ) -> RecordResult:
+    """Run every prompt (`run(tokens, check)`, any engine) and stream its routing to `out_path`
+    (None: don't write); Ctrl-C between two passes keeps the completed prompts."""
     done = positions = generated = 0
     started = time.perf_counter()
     writer = None if out_path is None else TraceWriter(out_path, meta, config.with_weights, True, keep_on_error=True)
     try:
         with deferred_interrupt() as guard, writer or contextlib.nullcontext():
             for seq, tokens in enumerate(token_lists):
-                run = run_prompt(ctx, tokens, config.max_tokens, config.prompt_batch, guard.check)
+                prompt_run = run(tokens, guard.check)
                 if writer is not None:
-                    is_prompt = np.arange(run.tokens.shape[0]) < run.n_prompt
-                    writer.append(seq, 0, run.experts, is_prompt, run.weights if config.with_weights else None, run.tokens)
+                    is_prompt = np.arange(prompt_run.tokens.shape[0]) < prompt_run.n_prompt
+                    weights = prompt_run.weights if config.with_weights else None
+                    writer.append(seq, 0, prompt_run.experts, is_prompt, weights, prompt_run.tokens)
                     writer.end_sequence()
                 done += 1
-                positions += run.tokens.shape[0]
-                generated += run.tokens.shape[0] - run.n_prompt
+                positions += prompt_run.tokens.shape[0]
+                generated += prompt_run.tokens.shape[0] - prompt_run.n_prompt
                 if progress is not None:
                     progress(done, len(token_lists), positions)
         interrupted = 0

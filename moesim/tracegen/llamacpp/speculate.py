@@ -242,23 +242,40 @@ def speculative_run(
             n_threads=session.n_threads,
             timing=TIMING,
         )
-        writer = SpecRunWriter(out_path, meta, config.with_weights, keep_on_error=True)
-        steps = accepted = 0
-        started = time.perf_counter()
-        try:
-            with deferred_interrupt() as guard, writer:
-                for tokens in token_lists:
-                    result = session.run_prompt(tokens, config.draft_len, config.max_tokens, config.baseline, guard.check)
-                    for step in result.steps:
-                        writer.append_step(step if config.with_weights else replace(step, weights=None))
-                    writer.end_sequence(result.info)
-                    steps += len(result.steps)
-                    accepted += sum(s.accepted for s in result.steps)
-                    if progress is not None:
-                        progress(writer.sequences_done, len(token_lists), steps)
-            interrupted = 0
-        except KeyboardInterrupt as exc:
-            interrupted = interrupt_code(exc)
+
+        def run(tokens: list[int], check: Callable[[], None]) -> PromptSpeculation:
+            return session.run_prompt(tokens, config.draft_len, config.max_tokens, config.baseline, check)
+
+        return write_speculative_run(run, token_lists, out_path, meta, config, progress)
+
+
+def write_speculative_run(
+    run: Callable[[list[int], Callable[[], None]], PromptSpeculation],
+    token_lists: list[list[int]],
+    out_path: Path,
+    meta: SpecRunMeta,
+    config: SpeculateConfig,
+    progress: ProgressFn | None,
+) -> SpeculateResult:
+    """Run every prompt speculatively (`run(tokens, check)`, any engine) and write contract 2 to
+    `out_path`; Ctrl-C between two passes keeps the completed prompts."""
+    writer = SpecRunWriter(out_path, meta, config.with_weights, keep_on_error=True)
+    steps = accepted = 0
+    started = time.perf_counter()
+    try:
+        with deferred_interrupt() as guard, writer:
+            for tokens in token_lists:
+                result = run(tokens, guard.check)
+                for step in result.steps:
+                    writer.append_step(step if config.with_weights else replace(step, weights=None))
+                writer.end_sequence(result.info)
+                steps += len(result.steps)
+                accepted += sum(s.accepted for s in result.steps)
+                if progress is not None:
+                    progress(writer.sequences_done, len(token_lists), steps)
+        interrupted = 0
+    except KeyboardInterrupt as exc:
+        interrupted = interrupt_code(exc)
     done = writer.sequences_done
     return SpeculateResult(
         out_path if done else None,

@@ -82,8 +82,9 @@ def draft_us(drafter: Drafter, draft_lens: np.ndarray, context_tokens: float, de
     rows = {int(k): drafter.tree.draft_rows(int(k)) for k in np.unique(lens) if k > 0}
     total = 0.0
     for s in range(steps):
-        active = lens[lens > s]
-        total += drafter.step_us(int(sum(rows[int(k)][s] for k in active)), int(active.size), context_tokens, dense_us)
+        active = [rows[int(k)] for k in lens if k > 0 and s < len(rows[int(k)])]  # a static tree drafts at most its depth
+        if active:
+            total += drafter.step_us(sum(r[s] for r in active), len(active), context_tokens, dense_us)
     return total
 
 

@@ -554,6 +554,16 @@ def _with_drafter_tree(config: SimConfig) -> SimConfig:
     workloads = [("acceptance", config.acceptance)] + [
         (f"study.workloads.{n}", a) for n, a in (config.study.workloads if config.study else ())
     ]
+    if tree.paths:
+        policies = [("policy", config.policy)] + [
+            (f"study.policies[{i}]", p) for i, p in enumerate(config.study.policies if config.study else ())
+        ]
+        for section, policy in policies:
+            if policy.k_cap > (tree.max_depth or 0):
+                raise ConfigError(
+                    f"{config.source}: key '{section}': the policy drafts up to {policy.k_cap} tokens, deeper than the drafter's "
+                    f"tree ({tree.label()} reaches depth {tree.max_depth}); give a deeper tree or a smaller k"
+                )
     if not tree.is_chain:
         if config.cost.kind != "steptime":
             raise ConfigError(

@@ -1,6 +1,7 @@
 """Values from text at the boundary, one checked parser per kind (issue 26): integers and floats
 from text (ASCII digits only, bounded length, finite, in range), JSON and TOML documents (nesting
-depth bounded before parsing, every number checked as it is read). Each refusal is one
+depth bounded before parsing, integers bounded as they are read; the schema that reads a
+document's values checks each field's range and finiteness). Each refusal is one
 InputError line naming where the value was (`what`: a file and field, an option, a spec)."""
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def check_range(value: float, what: str, low: float | None = None, high: float |
 
 
 def parse_int(text: object, what: str, low: int | None = None, high: int | None = None) -> int:
-    """An integer written in ASCII digits (at most MAX_DIGITS), in [low, high]."""
+    """An integer written in ASCII digits (at most MAX_DIGITS), or one already parsed (JSON, a
+    table's cell), in [low, high]."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        check_range(text, what, low, high, "an integer")
+        return text
     value = text.strip() if isinstance(text, str) else text
     if not isinstance(value, str) or len(value) > MAX_DIGITS + 1 or not _INT.fullmatch(value):
         raise InputError(f"{what}: must be an integer{_range(low, high)}, got {_shown(text)}")
@@ -59,7 +64,12 @@ def parse_int(text: object, what: str, low: int | None = None, high: int | None 
 
 
 def parse_float(text: object, what: str, low: float | None = None, high: float | None = None) -> float:
-    """A finite decimal number written in ASCII (at most MAX_NUMBER_CHARS characters), in [low, high]."""
+    """A finite decimal number written in ASCII (at most MAX_NUMBER_CHARS characters), or one
+    already parsed (JSON, a table's cell), in [low, high]."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        number = float(text) if abs(text) < 1e308 else math.inf
+        check_range(number, what, low, high)
+        return number
     value = text.strip() if isinstance(text, str) else text
     if not isinstance(value, str) or len(value) > MAX_NUMBER_CHARS or not _FLOAT.fullmatch(value):
         raise InputError(f"{what}: must be a number{_range(low, high)}, got {_shown(text)}")
@@ -92,20 +102,14 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
-def _json_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _BadNumber(f"number {text[:20]} out of range")
-    return value
-
-
 def _json_constant(text: str) -> float:
-    raise _BadNumber(f"{text} is not a number")
+    return float(text.replace("Infinity", "inf"))
 
 
 def load_json(text: str | bytes, where: str, max_depth: int = MAX_DEPTH) -> Any:
-    """A JSON document: nesting bounded before parsing, integers of at most MAX_DIGITS digits,
-    finite numbers only (no NaN, Infinity, 1e999); anything else is one line naming `where`."""
+    """A JSON document: nesting bounded before parsing, integers of at most MAX_DIGITS digits;
+    anything else is one line naming `where`. A number that is not finite (NaN, Infinity, 1e999)
+    is read as a float for the schema to refuse, naming its field (`parse_float`, `Checked`)."""
     if isinstance(text, bytes):
         try:
             text = text.decode()
@@ -113,7 +117,7 @@ def load_json(text: str | bytes, where: str, max_depth: int = MAX_DEPTH) -> Any:
             raise InputError(f"{where}: not valid JSON (not UTF-8 text)") from None
     _check_depth(_JSON_TOKENS, text, where, max_depth)
     try:
-        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+        return json.loads(text, parse_int=_json_int, parse_constant=_json_constant)
     except (ValueError, RecursionError) as exc:
         raise InputError(f"{where}: not valid JSON ({first_line(exc)[:80]})") from None
 

@@ -80,6 +80,23 @@ def parse_float(text: object, what: str, low: float | None = None, high: float |
     return number
 
 
+def parse_int_ranges(text: str, what: str, low: int, high: int, max_count: int) -> tuple[int, ...]:
+    """'1-16,24,32' -> (1, ..., 16, 24, 32): sorted and unique, each in [low, high], at most
+    `max_count` of them (counted before any is listed: '1-100000000000' is one line)."""
+    spans = []
+    for part in (p.strip() for p in str(text).split(",")):
+        first, dash, last = part.partition("-")
+        start = parse_int(first, f"{what} '{_shown(text)[1:-1]}'", low, high)
+        end = parse_int(last, f"{what} '{_shown(text)[1:-1]}'", low, high) if dash else start
+        if end < start:
+            raise InputError(f"{what} '{part}': a range runs upwards (e.g. 1-16), got {start}-{end}")
+        spans.append((start, end))
+    count = sum(end - start + 1 for start, end in spans)
+    if count > max_count:
+        raise InputError(f"{what} '{_shown(text)[1:-1]}': names {count:,} values, more than {max_count:,} (each is work: give fewer)")
+    return tuple(sorted({v for start, end in spans for v in range(start, end + 1)}))
+
+
 def _check_depth(tokens: re.Pattern[str], text: str, where: str, max_depth: int) -> None:
     depth = 0
     for match in tokens.finditer(text):

@@ -11,7 +11,11 @@
 - An output folder is created or written into, never replaced: its files are staged in a hidden
   folder inside it and each is renamed into place; a manifest (`.moesim-outputs`) lists the files
   moesim wrote there, so a later run replaces those and removes its own stale ones, and nothing
-  else. A non-empty folder without a manifest is refused unless `force` is given; even then only
+  else. A manifest names only plain files directly inside its own folder (by their output name
+  and the SHA-256 of what moesim wrote) and sub-folders with manifests of their own: an entry
+  that names anything else (`../x`, an absolute path, a link, a file changed since) makes the
+  command refuse in one line before it touches anything; a link is never followed to remove it.
+  A non-empty folder without a manifest is refused unless `force` is given; even then only
   moesim's own files are replaced or removed (a user's file of the same name is refused).
 """
 
@@ -19,18 +23,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from moesim.errors import InputError
+from moesim.parsing import load_json
 
 MANIFEST = ".moesim-outputs"
-MANIFEST_FORMAT = "moesim-outputs/1"
+MANIFEST_FORMAT = "moesim-outputs/2"
 _STAGING = ".moesim-staging"
 _PROTECTED: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("moesim_protected_inputs", default=None)
 _STAGED: list[Path] = []  # staging folders being filled: what a command writes there and reads back is not an input
@@ -58,11 +65,15 @@ def protect(*paths: str | os.PathLike[str] | None) -> None:
     for path in paths:
         if path is None or (isinstance(path, str) and not path):
             continue
-        candidate = Path(path)
-        if candidate.exists():
+        try:
+            candidate = Path(path)
+            if not candidate.exists():
+                continue
             resolved = candidate.resolve()
-            if not any(resolved == s or s in resolved.parents for s in _STAGED):
-                inputs.append(resolved)
+        except (OSError, ValueError, TypeError):  # a name too long, a NUL byte: not a file anyone reads
+            continue
+        if not any(resolved == s or s in resolved.parents for s in _STAGED):
+            inputs.append(resolved)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -73,10 +84,14 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _check_not_input(target: Path, folder: bool, staging: Path | None = None) -> None:
-    """Refuse an output that is an input, or a folder holding one (files of `staging`, this
-    command's own outputs read back before they are committed, are not the user's)."""
+    """Refuse an output that is an input (or a link to one), a folder holding one, or a path inside
+    an input folder (files of `staging`, this command's own outputs read back before they are
+    committed, are not the user's)."""
     inputs = _PROTECTED.get() or []
-    resolved = target.resolve()
+    try:
+        resolved = target.resolve()
+    except (OSError, RuntimeError):  # a loop of links
+        raise InputError(f"{target}: output path cannot be resolved (a loop of links?)") from None
     own = staging.resolve() if staging is not None else None
     for path in inputs:
         if own is not None and (path == own or own in path.parents):
@@ -86,6 +101,14 @@ def _check_not_input(target: Path, folder: bool, staging: Path | None = None) ->
             raise InputError(f"{target}: {kind} is an input of this command; give another output path")
         if folder and resolved in path.parents:
             raise InputError(f"{target}: output folder holds {path.name}, an input of this command; give another output folder")
+        if path in resolved.parents and path.is_dir():
+            raise InputError(f"{target}: output path is inside {path}, an input folder of this command; give another output path")
+
+
+def check_not_input(target: str | os.PathLike[str], folder: bool = False) -> None:
+    """Refuse, in one line, an output path that is an input of the running command, a link to one,
+    a folder holding one (`folder`) or a path inside an input folder."""
+    _check_not_input(Path(target), folder)
 
 
 # ---- temporaries ----------------------------------------------------------------------------
@@ -197,28 +220,79 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
 # ---- folders --------------------------------------------------------------------------------
 
 
-def _manifest(folder: Path) -> set[str] | None:
-    """The files moesim wrote into `folder` (its manifest), or None without one."""
+_OUTPUT_NAME = re.compile(
+    r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\.(?:arrow|csv|html|json|parquet|png|svg|toml|txt)|LICENSE[A-Za-z0-9_.-]{0,64})$"
+)
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_MANIFEST_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What moesim wrote directly inside one output folder: plain files (name → SHA-256 of their
+    content) and sub-folders, each an output folder with a manifest of its own."""
+
+    files: dict[str, str]
+    folders: tuple[str, ...] = ()
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _refuse(folder: Path, entry: object, why: str) -> InputError:
+    return InputError(f"{folder / MANIFEST}: entry {str(entry)[:80]!r} {why}; nothing was written (move the entry or the manifest away)")
+
+
+def _manifest(folder: Path) -> Manifest | None:
+    """The verified manifest of `folder`, or None without one. Every entry must be a plain output
+    name directly inside the folder; a file listed and present must be a regular file (not a link)
+    with the content moesim recorded, a folder listed and present a real folder with a manifest of
+    its own; anything else is one line, and nothing is touched."""
     path = folder / MANIFEST
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return None
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > _MANIFEST_BYTES:
+        raise InputError(f"{path}: not a moesim output manifest (a link, a folder or too large); remove it to write into {folder}")
     try:
-        data = json.loads(path.read_text())
-        return {str(f) for f in data["files"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(f"{path}: unreadable moesim output manifest; remove it to write into {folder}") from None
+        data = load_json(path.read_bytes(), str(path), max_depth=3)
+    except (OSError, InputError):
+        data = None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise InputError(f"{path}: unreadable moesim output manifest (not {MANIFEST_FORMAT}); remove it to write into {folder}")
+    files, folders = data.get("files"), data.get("folders", [])
+    if not isinstance(files, dict) or not isinstance(folders, list) or set(data) - {"format", "files", "folders"}:
+        raise InputError(f"{path}: unreadable moesim output manifest (its files and folders); remove it to write into {folder}")
+    for name, digest in files.items():
+        if not _OUTPUT_NAME.match(name) or not isinstance(digest, str) or not _DIGEST.match(digest):
+            raise _refuse(folder, name, "is not a file moesim writes (a plain output name with its SHA-256)")
+        entry = folder / name
+        if entry.is_symlink() or (entry.exists() and not entry.is_file()):
+            raise _refuse(folder, name, "is not a regular file (a link or a folder); moesim never follows a link to remove it")
+        if entry.exists() and _digest(entry) != digest:
+            raise _refuse(folder, name, "changed since moesim wrote it")
+    for name in folders:
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", name) or name in files:
+            raise _refuse(folder, name, "is not a folder moesim writes (a plain name)")
+        entry = folder / name
+        if entry.is_symlink() or (entry.exists() and not entry.is_dir()):
+            raise _refuse(folder, name, "is not a real folder (a link or a file)")
+        if entry.exists() and _manifest(entry) is None:
+            raise _refuse(folder, name, "holds no moesim output manifest")
+    return Manifest(dict(files), tuple(folders))
 
 
 def _foreign(folder: Path) -> list[str]:
-    own = _manifest(folder) or set()
-    names = []
-    for entry in sorted(folder.iterdir()):
-        if entry.name == MANIFEST or entry.name.startswith(_STAGING) or entry.name in own:
-            continue
-        if entry.is_dir() and all(str(p.relative_to(folder)) in own for p in entry.rglob("*") if p.is_file()):
-            continue
-        names.append(entry.name)
-    return names
+    own = _manifest(folder) or Manifest({})
+    return [
+        entry.name
+        for entry in sorted(folder.iterdir())
+        if entry.name != MANIFEST and not entry.name.startswith(_STAGING) and entry.name not in own.files and entry.name not in own.folders
+    ]
 
 
 def check_out_dir(out_dir: Path, force: bool = False) -> None:
@@ -250,41 +324,86 @@ def check_out_dir(out_dir: Path, force: bool = False) -> None:
             )
 
 
-def _staged_files(staging: Path) -> list[str]:
-    return sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file() or p.is_symlink())
+def _plan(staging: Path, target: Path) -> tuple[list[str], list[str]]:
+    """Check, before anything moves, that every staged file and folder may go into `target` (each
+    level's manifest verified); returns the staged (files, folders)."""
+    old = _manifest(target) if target.is_dir() else None
+    old = old or Manifest({})
+    files = sorted(p.name for p in staging.iterdir() if p.name != MANIFEST and p.is_file() and not p.is_symlink())
+    folders = sorted(p.name for p in staging.iterdir() if p.is_dir() and not p.is_symlink())
+    for name in files:
+        existing = target / name
+        if (existing.exists() or existing.is_symlink()) and name not in old.files:
+            raise InputError(f"{existing}: a file moesim did not write is in the way; move it or choose another output folder")
+    for name in folders:
+        existing = target / name
+        if (existing.exists() or existing.is_symlink()) and name not in old.folders:
+            raise InputError(f"{existing}: a folder moesim did not write is in the way; move it or choose another output folder")
+        if existing.is_dir():
+            _plan(staging / name, existing)
+    for name in sorted(set(old.folders) - set(folders)):
+        if (target / name).is_dir():
+            _plan_removal(target / name)
+    return files, folders
+
+
+def _plan_removal(folder: Path) -> None:
+    manifest = _manifest(folder)
+    for name in manifest.folders if manifest else ():
+        if (folder / name).is_dir():
+            _plan_removal(folder / name)
+
+
+def _remove_own(folder: Path) -> None:
+    """Remove what moesim wrote into `folder` (its verified manifest's entries, never a link) and
+    the folder when nothing else is left in it."""
+    manifest = _manifest(folder) or Manifest({})
+    for name in manifest.files:
+        with contextlib.suppress(FileNotFoundError):
+            (folder / name).unlink()
+    for name in manifest.folders:
+        if (folder / name).is_dir() and not (folder / name).is_symlink():
+            _remove_own(folder / name)
+    with contextlib.suppress(OSError):
+        (folder / MANIFEST).unlink()
+        folder.rmdir()
 
 
 def _commit(staging: Path, target: Path) -> None:
-    """Move every staged file into `target` (each atomically), drop moesim's stale files, write the manifest."""
-    old = _manifest(target) or set()
-    new = _staged_files(staging)
-    for name in new:
-        existing = target / name
-        if (existing.exists() or existing.is_symlink()) and name not in old and name != MANIFEST:
-            raise InputError(f"{existing}: a file moesim did not write is in the way; move it or choose another output folder")
-    for name in new:
-        if name == MANIFEST:
-            continue
-        destination = target / name
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging / name, destination)
-    for name in sorted(old - set(new)):
-        stale = target / name
-        with contextlib.suppress(OSError):
-            stale.unlink()
-        for folder in stale.parents:
-            if folder == target or target not in folder.parents:
-                break
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-    files = sorted(set(new) - {MANIFEST})
-    write_text_atomic(target / MANIFEST, json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n")
+    """Move every staged file into `target` (each atomically), drop moesim's stale files, write the
+    manifest (with each file's SHA-256); staged folders are committed the same way, each with its own."""
+    files, folders = _plan(staging, target)
+    _move(staging, target, files, folders)
+
+
+def _move(staging: Path, target: Path, files: list[str], folders: list[str]) -> None:
+    old = (_manifest(target) if target.is_dir() else None) or Manifest({})
+    target.mkdir(exist_ok=True)
+    digests = {name: _digest(staging / name) for name in files}
+    for name in files:
+        os.replace(staging / name, target / name)
+    for name in folders:
+        sub = staging / name
+        _move(sub, target / name, *_staged(sub))
+    for name in sorted(set(old.files) - set(files)):
+        with contextlib.suppress(FileNotFoundError):
+            (target / name).unlink()
+    for name in sorted(set(old.folders) - set(folders)):
+        if (target / name).is_dir() and not (target / name).is_symlink():
+            _remove_own(target / name)
+    payload = {"format": MANIFEST_FORMAT, "files": digests, "folders": folders}
+    write_text_atomic(target / MANIFEST, json.dumps(payload, indent=1, sort_keys=True) + "\n")
+
+
+def _staged(staging: Path) -> tuple[list[str], list[str]]:
+    files = sorted(p.name for p in staging.iterdir() if p.name != MANIFEST and p.is_file() and not p.is_symlink())
+    return files, sorted(p.name for p in staging.iterdir() if p.is_dir() and not p.is_symlink())
 
 
 def _remove_stale_staging(folder: Path) -> None:
     for entry in folder.glob(f"{_STAGING}.*.part"):
         match = re.match(rf"^{re.escape(_STAGING)}\.(\d+)\.", entry.name)
-        if match and not _running(int(match[1])):
+        if match and not _running(int(match[1])) and entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -315,5 +434,10 @@ def output_dir(path: str | os.PathLike[str], force: bool = False) -> Iterator[Pa
 
 
 def output_files(folder: Path) -> list[str]:
-    """The files moesim wrote into `folder`, from its manifest (empty without one)."""
-    return sorted(_manifest(Path(folder)) or ())
+    """The files moesim wrote into `folder` and its sub-folders (paths relative to it), from the manifests (empty without one)."""
+    folder = Path(folder)
+    manifest = _manifest(folder) or Manifest({})
+    found = list(manifest.files)
+    for name in manifest.folders:
+        found += [f"{name}/{sub}" for sub in output_files(folder / name)]
+    return sorted(found)

@@ -15,7 +15,9 @@ simulations, and every later run, builds them once.
   overwritten by the caller): never a crash, never another entry's numbers.
 - Bounded: after every CHECK_EVERY_BYTES this process writes (and at its first write), the
   oldest entries (by modification time; a read refreshes it) are removed until the cache holds
-  at most `MOESIM_CACHE_MAX_MB` (default MAX_MB).
+  at most `MOESIM_CACHE_MAX_MB` (default MAX_MB; a value that is not a number of MB is one line
+  before any work). Only entries the cache wrote go: each carries a marker (its key array) that
+  is checked before it is removed, and a link is never followed.
 - A folder that cannot be written: one warning line on stderr per process, after which nothing
   more is written (entries already there are still read).
 """
@@ -27,6 +29,7 @@ import dataclasses
 import hashlib
 import os
 import sys
+import zipfile
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -36,6 +39,7 @@ import numpy as np
 
 from moesim.atomic import atomic_path
 from moesim.errors import InputError
+from moesim.parsing import parse_float
 
 CACHE_FORMAT = "moesim-cache/1"
 MAX_MB = 1024  # default bound of the whole cache
@@ -144,7 +148,7 @@ class CacheGroup:
             with atomic_path(path) as tmp, tmp.open("wb") as f:
                 (np.savez_compressed if compress else np.savez)(f, **{KEY_ARRAY: np.array(f"{self.key}/{name}")}, **arrays)
             size = path.stat().st_size
-        except (OSError, InputError) as exc:
+        except (OSError, ValueError, InputError) as exc:
             _warn_once(self.folder, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return
         _STATE["written"] += size
@@ -162,22 +166,51 @@ def group(kind: str, *parts: Any) -> CacheGroup | None:
     return CacheGroup(root / kind / key, key)
 
 
+MAX_CACHE_MB = 1 << 30  # the largest MOESIM_CACHE_MAX_MB accepted (a petabyte)
+
+
 def max_bytes() -> int:
-    """The cache's bound (`MOESIM_CACHE_MAX_MB`, default MAX_MB)."""
-    try:
-        return int(float(os.environ.get("MOESIM_CACHE_MAX_MB", MAX_MB)) * 2**20)
-    except ValueError:
+    """The cache's bound (`MOESIM_CACHE_MAX_MB`, default MAX_MB): a number of MB in 0..MAX_CACHE_MB,
+    anything else one line."""
+    text = os.environ.get("MOESIM_CACHE_MAX_MB")
+    if text is None or not text.strip():
         return MAX_MB * 2**20
+    return int(parse_float(text, "MOESIM_CACHE_MAX_MB (MB of the disk cache)", 0.0, float(MAX_CACHE_MB)) * 2**20)
+
+
+def check_settings() -> None:
+    """Refuse, in one line before any work, cache variables moesim cannot use (MOESIM_CACHE_MAX_MB,
+    a MOESIM_CACHE_DIR that is no path)."""
+    max_bytes()
+    folder = os.environ.get("MOESIM_CACHE_DIR", "")
+    if "\0" in folder or len(os.fsencode(folder)) > 4096:
+        raise InputError(f"MOESIM_CACHE_DIR: not a folder path ({len(folder)} characters{', a NUL byte' if chr(0) in folder else ''})")
+
+
+def owned(path: Path) -> bool:
+    """Whether `path` is an entry this cache wrote: a regular file (not a link) in a group folder
+    named by a key (`KIND/DIGEST/NAME.npz`, neither folder a link), holding the marker the cache
+    writes into every entry (its `__key__` array: the group's key and the entry's name)."""
+    if path.is_symlink() or path.parent.is_symlink() or path.parent.parent.is_symlink() or not path.is_file():
+        return False
+    if not _is_digest(path.parent.name):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(f"{KEY_ARRAY}.npy") as member:
+            marker = np.lib.format.read_array(member, allow_pickle=False)
+    except Exception:  # not a zip, no marker, a damaged one: not the cache's to remove
+        return False
+    return marker.shape == () and str(marker) == f"{path.parent.name}/{path.name[: -len('.npz')]}"
 
 
 def prune(root: Path, limit: int | None = None) -> None:
     """Remove the oldest entries of the cache under `root` until it holds at most `limit` bytes;
-    only files the cache writes (`root/KIND/DIGEST/NAME.npz`, DIGEST a SHA-256 in hex) count or
-    go: anything else in a folder given as MOESIM_CACHE_DIR is left alone."""
+    only entries the cache wrote (`owned`: their place, and the marker inside) count or go:
+    anything else in a folder given as MOESIM_CACHE_DIR is left alone, whatever the bound."""
     limit = max_bytes() if limit is None else limit
     entries = []
     for path in root.glob("*/*/*.npz"):
-        if not _is_digest(path.parent.name):
+        if not owned(path):
             continue
         with contextlib.suppress(OSError):
             stat = path.stat()

@@ -9,7 +9,6 @@ expert bytes per MoE layer, non-expert bytes read per token, total and active pa
 from __future__ import annotations
 
 import dataclasses
-import json
 import tomllib
 from dataclasses import dataclass
 from fractions import Fraction
@@ -21,6 +20,7 @@ from typing import Any
 from moesim.atomic import protect
 from moesim.errors import ConfigError, InputError
 from moesim.fields import Checked, FieldError, build, checked, require
+from moesim.parsing import load_json
 from moesim.tomlfile import read_toml
 
 # Bytes per weight by format: (bytes per block, weights per block), the real GGUF/OCP block sizes.
@@ -466,10 +466,7 @@ class HFConfig(Checked):
 
 def preset_from_hf_config(path: Path) -> ModelPreset:
     """Read a Hugging Face config.json (Mixtral, Qwen-MoE, DeepSeek, OLMoE, Phi-MoE, gpt-oss, dense, OPT)."""
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
+    raw = load_json(path.read_bytes(), str(path))
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a config.json must hold an object")
     known = {f.name for f in dataclasses.fields(HFConfig)}

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from moesim.atomic import protect
 from moesim.errors import InputError, first_line
+from moesim.parsing import load_toml
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
@@ -19,10 +19,10 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
         raise InputError(f"{path}: no such {what} file")
     protect(path)
     try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
-        reason = first_line(exc)
-        raise InputError(f"{path}: not valid TOML ({reason})") from None
+        text = path.read_text()
+    except (UnicodeDecodeError, OSError) as exc:
+        raise InputError(f"{path}: not valid TOML ({first_line(exc)})") from None
+    return load_toml(text, str(path))
 
 
 def toml_value(value: Any) -> str:

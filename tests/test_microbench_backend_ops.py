@@ -101,7 +101,7 @@ def test_bad_logs_give_one_line(tmp_path: Path, cli) -> None:  # type: ignore[no
     broken = tmp_path / "broken.txt"
     broken.write_text("  MUL_MAT_ID(type_a=f16,type_b=f32,n_mats=x,n_used=8,b=0,m=1,n=1,k=1):  5 runs -  1.0 us/run\n")
     code, _, err = cli("microbench", "import-backend-ops", broken, "--out", tmp_path / "o")
-    assert_one_line_error(code, err, "broken.txt", "line 1", "non-integer")
+    assert_one_line_error(code, err, "broken.txt", "line 1", "column 'n_mats'", "must be an integer")
     vulkan = tmp_path / "vk.txt"
     vulkan.write_text("Backend 1/1: SYCL0\n" + _line("f16", 1, 5.0) + "\n")
     code, _, err = cli("microbench", "import-backend-ops", vulkan, "--out", tmp_path / "o")

@@ -4,8 +4,9 @@ No logic of its own: one module per command group (`trace`, `analysis`, `profile
 `simulate`, `validate`, `sweep`, `demo`), rendering in `render`, options generated from config
 dataclasses and the old spellings of renamed options in `options`. Every MoesimError becomes one
 line on stderr and exit code 2; an operating-system error (a file that cannot be written) one
-line naming the file; Ctrl-C exit code 130 and SIGTERM 143, after the same cleanup. Each
-command runs in an inputs scope (`moesim.atomic`): no output may replace a file it reads.
+line naming the file; Ctrl-C exit code 130 and SIGTERM 143, after the same cleanup, with one
+line. Each command runs in an inputs scope (`moesim.atomic`) and is `guarded` (`options`): its
+inputs, read from its signature, are protected and its outputs checked against them before it runs.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from types import FrameType
 import typer
 
 from moesim.atomic import inputs_scope
+from moesim.cache import check_settings
 from moesim.cli import analysis, demo, microbench, profile, simulate, sweep, trace, validate
-from moesim.cli.options import rename_old_spellings
+from moesim.cli.options import Stopped, guarded, rename_old_spellings
 from moesim.cli.render import line
 from moesim.errors import MoesimError, Terminated, interrupt_code
 
@@ -45,6 +47,17 @@ app.add_typer(profile.app, name="profile")
 app.add_typer(microbench.app, name="microbench")
 
 
+def _guard_commands(group: typer.Typer) -> None:
+    """Every command of the group (and its sub-groups) guarded: inputs from its signature protected."""
+    for info in group.registered_commands:
+        info.callback = guarded(info.callback)  # type: ignore[arg-type]
+    for sub in group.registered_groups:
+        _guard_commands(sub.typer_instance)  # type: ignore[arg-type]
+
+
+_guard_commands(app)
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
@@ -57,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread
         previous = None
     try:
+        check_settings()
         with inputs_scope(), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # numpy's; a result's own warnings are printed by the command
             code = app(args=args, prog_name="moesim", standalone_mode=False)  # a command's typer.Exit(n) returns n here
@@ -71,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         return _error_line(f"{exc.format_message()} (see 'moesim --help')")  # type: ignore[attr-defined]
     except typer.Exit as exc:
         return exc.exit_code
-    except (typer.Abort, KeyboardInterrupt) as exc:
-        code = interrupt_code(exc)
+    except (Stopped, typer.Abort, KeyboardInterrupt) as exc:  # click turns an interruption outside a command into Abort
+        code = (
+            exc.code if isinstance(exc, Stopped) else interrupt_code(exc if isinstance(exc, KeyboardInterrupt) else exc.__context__ or exc)
+        )
         line("moesim: terminated" if code == 143 else "moesim: interrupted")
         return code
     finally:

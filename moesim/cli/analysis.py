@@ -136,7 +136,9 @@ def best_draft_command(
         list[float] | None,
         typer.Option("--alpha", help="Drafter's top-1 acceptance rate(s) in [0, 1], the same at every depth (repeatable)."),
     ] = None,
-    max_draft: Annotated[int, typer.Option("--max-draft", help="Largest draft length k.")] = 8,
+    max_draft: Annotated[
+        int | None, typer.Option("--max-draft", help="Largest draft length k (default 8, or a static tree's depth when shallower).")
+    ] = None,
     family: FamilyOpt = None,
     drafter: DrafterOpt = "ngram",
     model: ModelOpt = None,

@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from moesim.cli.options import ForceOpt
+from moesim.cli.options import OUT_DIR, ForceOpt
 from moesim.cli.render import console, render_table
 
 
 def demo(
-    out: Annotated[Path, typer.Option(help="Report folder to write.")] = Path("moesim-demo"),
+    out: Annotated[Path, typer.Option(help="Report folder to write."), OUT_DIR] = Path("moesim-demo"),
     force: ForceOpt = False,
 ) -> None:
     """Run the main job on embedded defaults and write a report folder."""

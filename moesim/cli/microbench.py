@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from moesim.atomic import check_out_dir, protect
-from moesim.cli.options import ForceOpt, config_options, from_options
+from moesim.atomic import check_out_dir
+from moesim.cli.options import OUT_DIR, ForceOpt, config_options, from_options
 from moesim.cli.render import console, render_table, say
 from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig
 from moesim.hw_profiles.microbench.mlx_switch import MlxBenchConfig
@@ -17,7 +17,7 @@ from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig
 
 app = typer.Typer(help="Microbenchmarks of one MoE layer's expert operation; each writes a measurement table.", no_args_is_help=True)
 
-OutOpt = Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json).")]
+OutOpt = Annotated[Path, typer.Option(help="Output folder (measurements.parquet, provenance.json)."), OUT_DIR]
 
 
 def _report_table(path: Path, rows: list[dict[str, Any]], provenance: dict[str, Any]) -> None:
@@ -63,7 +63,7 @@ def microbench_llama_cpp(
     top_k: Annotated[int | None, typer.Option(help="Override the preset's top-k.")] = None,
     hidden: Annotated[int | None, typer.Option(help="Override the preset's hidden size.")] = None,
     expert_intermediate: Annotated[int | None, typer.Option(help="Override the preset's expert width.")] = None,
-    models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder).")] = None,
+    models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder)."), OUT_DIR] = None,
     force: ForceOpt = False,
     **options: Any,
 ) -> None:
@@ -124,7 +124,6 @@ def microbench_import_backend_ops(
     from moesim.hw_profiles.microbench.backend_ops import import_backend_ops
     from moesim.hw_profiles.microbench.table import write_measurements
 
-    protect(log)
     check_out_dir(out, force)
     result = import_backend_ops(log, backend, per_slot_max_tokens)
     path = write_measurements(result.rows, out, result.provenance, force=force)

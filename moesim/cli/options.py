@@ -5,23 +5,101 @@ A command that mirrors a config (`microbench llama-cpp`, `microbench torch`, `tr
 one help text, both in the field (`moesim.fields.option`). `@config_options(Config)` adds them to
 the command's signature; the command receives them in `**options` and builds the config with
 `from_options(Config, options)`.
+
+Every command declares its inputs by its signature (`guarded`): a parameter marked `OUT_FILE` or
+`OUT_DIR` in its annotation is a path the command writes; every other path or string parameter
+that names an existing file or folder is an input, protected before the command runs, and each
+output is checked against them before any work (not an input, not a link to one, not a folder
+holding one, not inside an input folder).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
+from moesim.atomic import check_not_input, protect
 from moesim.cli.render import line
+from moesim.errors import interrupt_code
 from moesim.fields import option_name
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """Marks a command parameter as a path the command writes: a file, or a folder (`folder`)."""
+
+    folder: bool = False
+
+
+OUT_FILE, OUT_DIR = Output(folder=False), Output(folder=True)
+
+
+class Stopped(Exception):
+    """A command stopped by Ctrl-C or SIGTERM after its cleanup ran; `code` is 130 or 143. Not a
+    KeyboardInterrupt, so that click neither prints nor turns it into its own exit."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _base(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
+    """(the type under Annotated, Optional and list, the Annotated metadata)."""
+    metadata: tuple[Any, ...] = ()
+    if typing.get_origin(annotation) is Annotated:
+        annotation, *rest = typing.get_args(annotation)
+        metadata = tuple(rest)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = _without_none(annotation)
+    if typing.get_origin(annotation) is list:
+        annotation = typing.get_args(annotation)[0]
+    return annotation, metadata
+
+
+def command_paths(func: Callable[..., Any]) -> tuple[list[str], dict[str, Output]]:
+    """(input parameters, output parameters with their kind) of a command, from its signature: an
+    output is marked OUT_FILE or OUT_DIR; an input is every other path or string parameter."""
+    inputs, outputs = [], {}
+    for name, param in inspect.signature(func, eval_str=True).parameters.items():
+        base, metadata = _base(param.annotation)
+        marks = [m for m in metadata if isinstance(m, Output)]
+        if marks:
+            outputs[name] = marks[0]
+        elif base in (Path, str):
+            inputs.append(name)
+    return inputs, outputs
+
+
+def guarded(func: F) -> F:
+    """The command with its inputs protected and its outputs checked against them before it runs,
+    and Ctrl-C / SIGTERM (after the command's own cleanup) raised as `Stopped`."""
+    inputs, outputs = command_paths(func)
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        for name in inputs:
+            value = kwargs.get(name)
+            protect(*(value if isinstance(value, list | tuple) else [value]))
+        for name, kind in outputs.items():
+            if kwargs.get(name) is not None:
+                check_not_input(kwargs[name], kind.folder)
+        try:
+            return func(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise Stopped(interrupt_code(exc)) from None
+
+    return run  # type: ignore[return-value]
+
 
 ForceOpt = Annotated[
     bool,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import polars as pl
 import typer
 
-from moesim.cli.options import ForceOpt, config_options
+from moesim.cli.options import OUT_FILE, ForceOpt, config_options
 from moesim.cli.render import console, print_json, render_table
 from moesim.hw_profiles.engine_runs.rows import RunContext
 
@@ -29,7 +29,7 @@ def profile_fit(
         Path,
         typer.Argument(help="Measurement table (Parquet or CSV, contract 3), or a benchmark's output (llama-bench and others)."),
     ],
-    out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
+    out: Annotated[Path, typer.Option(help="Profile TOML to write."), OUT_FILE],
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
     filters: FiltersOpt = None,
     device_json: Annotated[Path | None, typer.Option(help="Device facts (default: device.json beside the table, if any).")] = None,
@@ -47,11 +47,10 @@ def profile_fit(
     ] = None,
 ) -> None:
     """Fit a profile: every kernel family of a measurement table, or the engine a benchmark's output ran; held-out errors; write it."""
-    from moesim.atomic import check_writable, protect
+    from moesim.atomic import check_writable
     from moesim.hw_profiles.fitting.bench_fit import is_measurement_table
     from moesim.hw_profiles.schema import write_profile
 
-    protect(table, device_json)
     check_writable(out)
     if not is_measurement_table(table):
         from moesim.hw_profiles.fitting.bench_fit import fit_bench_output
@@ -91,7 +90,7 @@ def profile_fit(
 @app.command("import")
 def profile_import(
     output: Annotated[Path, typer.Argument(help="A benchmark's output, or the shared public table.")],
-    out: Annotated[Path, typer.Option(help="Measurement table to write (.csv or .parquet, contract 3).")],
+    out: Annotated[Path, typer.Option(help="Measurement table to write (.csv or .parquet, contract 3)."), OUT_FILE],
     model: ModelOpt = None,
     device: DeviceOpt = None,
     weight_format: FormatOpt = None,
@@ -176,18 +175,17 @@ def profile_show(
 def profile_derive(
     base: Annotated[str, typer.Argument(help="Built-in profile name or profile TOML path.")],
     bandwidth_scale: Annotated[float, typer.Option(help="Multiply every bandwidth by X.")],
-    out: Annotated[Path, typer.Option(help="Profile TOML to write.")],
+    out: Annotated[Path, typer.Option(help="Profile TOML to write."), OUT_FILE],
     compute_scale: Annotated[float, typer.Option(help="Multiply every FLOP rate by Y.")] = 1.0,
     fixed_us: Annotated[float | None, typer.Option(help="Fixed time per pass in µs (default: the base's).")] = None,
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
 ) -> None:
     """Write a what-if profile: a base profile with scaled bandwidth and compute."""
-    from moesim.atomic import check_writable, protect
+    from moesim.atomic import check_writable
     from moesim.hw_profiles import load_profile
     from moesim.hw_profiles.fitting.derive import derive_profile
     from moesim.hw_profiles.schema import write_profile
 
-    protect(base)
     check_writable(out)
     derived = derive_profile(load_profile(base), name or out.stem, bandwidth_scale, compute_scale, fixed_us)
     write_profile(out, derived)

@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from moesim.cli.options import ForceOpt
+from moesim.cli.options import OUT_DIR, ForceOpt
 from moesim.cli.render import console, err_console, print_json, progress, render_table
 
 
 def simulate(
     config: Annotated[Path, typer.Argument(help="Simulation config (TOML); reference in docs/simulator.md.")],
-    out: Annotated[Path | None, typer.Option(help="Output folder (default: the config's name + '-sim', here).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: the config's name + '-sim', here)."), OUT_DIR] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary (a study: its rows) as one JSON object.")] = False,
     force: ForceOpt = False,
 ) -> None:

@@ -7,16 +7,18 @@ from typing import Annotated
 
 import typer
 
-from moesim.atomic import check_out_dir, protect
+from moesim.atomic import check_out_dir
 from moesim.cli.analysis import JsonOpt
-from moesim.cli.options import ForceOpt
+from moesim.cli.options import OUT_DIR, OUT_FILE, ForceOpt
 from moesim.cli.render import console, interrupted, line, print_json, progress
 from moesim.errors import interrupt_code
 
 
 def sweep_command(
     config: Annotated[Path, typer.Argument(help="Sweep config (TOML); reference in docs/sweeps.md.")],
-    out: Annotated[Path | None, typer.Option(help="Parquet file to write (default: the config's name + .parquet, beside it).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Parquet file to write (default: the config's name + .parquet, beside it)."), OUT_FILE
+    ] = None,
     executor: Annotated[str | None, typer.Option(help="local or ray (default: the config's [sweep] executor).")] = None,
     workers: Annotated[
         int | None, typer.Option(help="Worker processes / Ray CPUs, 0 = all cores (default: the config's).", min=0, max=1 << 16)
@@ -62,7 +64,7 @@ def sweep_command(
 
 def report_command(
     results: Annotated[list[Path], typer.Argument(help="Sweep results (Parquet) and/or predictions.parquet from `moesim validate`.")],
-    out: Annotated[Path, typer.Option(help="Report folder to write (index.html, PNG and SVG plots).")],
+    out: Annotated[Path, typer.Option(help="Report folder to write (index.html, PNG and SVG plots)."), OUT_DIR],
     filters: Annotated[
         list[str] | None, typer.Option("--filter", help="Select sweep rows COLUMN=VALUE (repeatable), e.g. model=qwen3-30b-a3b.")
     ] = None,
@@ -72,7 +74,6 @@ def report_command(
     """Plots (PNG and SVG) and a self-contained HTML page from sweep results and validation predictions."""
     from moesim.sim.report.page import write_report
 
-    protect(*results)
     check_out_dir(out, force)
     report = write_report(results, out, filters or [], alpha or [], force)
     for note in report.notes:

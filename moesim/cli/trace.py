@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import polars as pl
 import typer
 
-from moesim.atomic import check_writable, protect
-from moesim.cli.options import config_options, from_options
+from moesim.atomic import check_writable
+from moesim.cli.options import OUT_FILE, config_options, from_options
 from moesim.cli.render import console, interrupted, print_json, progress, render_table
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
 from moesim.tracegen.llamacpp.recorder import RecordConfig
@@ -42,7 +42,7 @@ SYNTH_TOKENS, SYNTH_SEQS = 1024, 1
 @app.command("synth")
 def trace_synth(
     model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
-    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
+    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC)."), OUT_FILE],
     tokens: Annotated[int, typer.Option(help="Tokens per sequence.", min=1, max=MAX_POSITIONS)] = SYNTH_TOKENS,
     seqs: Annotated[int, typer.Option(help="Number of sequences.", min=1, max=MAX_POSITIONS)] = SYNTH_SEQS,
     like: Annotated[Path | None, typer.Option(help="Sequences of the same lengths as this trace (a file or a built-in name).")] = None,
@@ -64,7 +64,6 @@ def trace_synth(
 
     if like is not None and (tokens, seqs) != (SYNTH_TOKENS, SYNTH_SEQS):
         raise InputError("--like excludes --tokens and --seqs (it takes the trace's sequence lengths)")
-    protect(model, params, like)
     check_writable(out)
     preset = load_target(model)
     generator = generator_from_options(preset, uniform, sticky, zipf, params, weight_format)
@@ -112,7 +111,6 @@ def trace_tiny_model(
     from moesim.tracegen.llamacpp.gguf_builder import expert_weight_bytes
     from moesim.tracegen.llamacpp.gguf_reader import write_tiny_model
 
-    protect(draft_of)
     if (shape.get("weight_type") or "").upper() == "MLX":
         from moesim.tracegen.mlx.builder import mlx_folder_bytes, mlx_model_name, write_tiny_mlx_model
 
@@ -130,14 +128,13 @@ def trace_tiny_model(
 def trace_record(
     model: Annotated[Path, typer.Argument(help="GGUF MoE model, or an MLX model folder (needs moesim[mlx]).")],
     prompts: PromptsOpt,
-    out: Annotated[Path | None, typer.Option(help="Trace to write (default: MODEL.trace.arrow here).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Trace to write (default: MODEL.trace.arrow here)."), OUT_FILE] = None,
     **options: Any,
 ) -> None:
     """Record per-token, per-layer expert routing from a GGUF model through llama.cpp, or from an MLX model folder through mlx_lm."""
     from moesim.tracegen.llamacpp.prompts import load_prompts
     from moesim.tracegen.llamacpp.recorder import default_trace_path, kept_after_interrupt, record_trace
 
-    protect(model, prompts)
     config = RecordConfig(**from_options(RecordConfig, options))
     prompt_set = load_prompts(prompts)
     if is_mlx_model(model):
@@ -159,7 +156,7 @@ def trace_speculate(
     target: Annotated[Path, typer.Argument(help="Target GGUF MoE model, or an MLX model folder (needs moesim[mlx]).")],
     draft: Annotated[Path, typer.Argument(help="Draft model of the same kind (same vocabulary).")],
     prompts: PromptsOpt,
-    out: Annotated[Path | None, typer.Option(help="Run to write (default: TARGET.spec-kK.arrow here).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run to write (default: TARGET.spec-kK.arrow here)."), OUT_FILE] = None,
     **options: Any,
 ) -> None:
     """Run greedy draft-then-verify decoding through llama.cpp (GGUF) or mlx_lm (MLX folders) and write a measured speculative run."""
@@ -168,7 +165,6 @@ def trace_speculate(
     from moesim.tracegen.llamacpp.recorder import kept_after_interrupt
     from moesim.tracegen.llamacpp.speculate import default_run_path, speculative_run
 
-    protect(target, draft, prompts)
     config = SpeculateConfig(**from_options(SpeculateConfig, options))
     path = out or default_run_path(target, config.draft_len)
     prompt_set = load_prompts(prompts)
@@ -191,7 +187,7 @@ def trace_import(
         Path, typer.Argument(help="Table (.csv/.csv.gz/.parquet), router logits (.safetensors/.npz) or vLLM step dumps.")
     ],
     model: Annotated[str, typer.Option(help="Model preset name, or a preset .toml / config.json.")],
-    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC).")],
+    out: Annotated[Path, typer.Option(help="Trace file to write (Arrow IPC)."), OUT_FILE],
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
     source: Annotated[str, typer.Option(help="auto, table, moe-trace, hf-logits or vllm.")] = "auto",
     normalize: Annotated[bool, typer.Option(help="hf-logits: renormalise the top-k probabilities (norm_topk_prob).")] = False,
@@ -207,7 +203,6 @@ def trace_import(
     from moesim.tracegen.importers import import_routing
     from moesim.tracegen.importers.common import read_provenance
 
-    protect(source_path, model, provenance)
     geometry = TraceGeometry.from_preset(load_target(model), weight_format)
     check_writable(out)
     record = None if provenance is None else read_provenance(provenance)
@@ -219,7 +214,7 @@ def trace_import(
 @app.command("fit")
 def trace_fit(
     trace: Annotated[Path, typer.Argument(help="Trace file (Arrow IPC) or a built-in trace name.")],
-    out: Annotated[Path, typer.Option(help="Parameter file to write (TOML).")],
+    out: Annotated[Path, typer.Option(help="Parameter file to write (TOML)."), OUT_FILE],
     generator: Annotated[str, typer.Option(help="Generator family to fit: mixture or working-set.")] = "mixture",
     sequences: Annotated[
         str, typer.Option(help="Sequences to fit: all, a sequence group of the trace (e.g. law), optionally :even or :odd.")
@@ -233,7 +228,6 @@ def trace_fit(
     from moesim.tracegen.routing.fit import fit_generator
     from moesim.tracegen.routing.params import write_fit
 
-    protect(trace)
     check_writable(out)
     source = select(read_trace(trace), sequences)
     result = fit_generator(source, generator, seed=seed, max_positions=max_positions)

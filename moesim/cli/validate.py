@@ -7,9 +7,8 @@ from typing import Annotated
 
 import typer
 
-from moesim.atomic import protect
 from moesim.cli.analysis import JsonOpt, ProfileOpt
-from moesim.cli.options import ForceOpt
+from moesim.cli.options import OUT_DIR, ForceOpt
 from moesim.cli.render import console, emit_json, render_table
 
 
@@ -23,14 +22,13 @@ def validate_command(
     family: Annotated[str | None, typer.Option("--family", help="Kernel family of the speculative runs (default: the only one).")] = None,
     context_tokens: Annotated[int, typer.Option("--context-tokens", help="KV tokens of whole-pass rows that carry no position.")] = 512,
     filters: Annotated[list[str] | None, typer.Option("--filter", help="COL=VALUE: keep matching rows only (repeatable).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Folder to write predictions.parquet into.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Folder to write predictions.parquet into."), OUT_DIR] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict every measured row with a profile and compare: errors, dedup savings and crossovers, best draft."""
     from moesim.sim.validate.result import ValidateOptions, check_predictions_dir, validate
 
-    protect(*measured, trace, profile)
     if out is not None:
         check_predictions_dir(out, force)
     options = ValidateOptions(profile, trace, model, family, context_tokens, tuple(filters or ()))

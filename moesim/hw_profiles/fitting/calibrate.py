@@ -10,7 +10,6 @@ catalog entry the roofline is the best the table itself shows (a lower bound of 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from moesim.hw_profiles.measurements.table import DEVICE_NAME, load_measurements
 from moesim.hw_profiles.profile import BACKENDS, DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance, file_sha256
 from moesim.hw_profiles.schema import check_profile
+from moesim.parsing import load_json
 
 DENSE_COMPUTE_SHARE = 0.7
 DENSE_TRANSFER = 0.10
@@ -70,8 +70,8 @@ def read_device_json(path: str | os.PathLike[str]) -> MeasuredDevice:
     """Device facts from a device.json as written next to the H200 measurements."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = load_json(path.read_bytes(), f"{path}: device facts")
+    except OSError as exc:
         raise InputError(f"{path}: unreadable device facts ({exc.__class__.__name__})") from None
     device = data.get("device") if isinstance(data, dict) else None
     if not isinstance(device, dict) or not isinstance(device.get("device"), str):

@@ -31,6 +31,7 @@ from moesim.hw_profiles.importers.names import resolve_formats, resolve_model
 from moesim.hw_profiles.importers.public_bench import COLUMNS, read_public_table
 from moesim.hw_profiles.importers.rows import Measured, checked_frame, measurements_frame
 from moesim.hw_profiles.microbench.backend_ops import import_backend_ops
+from moesim.parsing import parse_int_ranges
 from moesim.registry import Registry
 
 
@@ -224,16 +225,12 @@ def write_table(frame: pl.DataFrame, path: Path) -> None:
             frame.write_csv(tmp)
 
 
+MAX_ROWS = 1 << 20  # row numbers one --rows names
+
+
 def parse_rows(text: str) -> tuple[int, ...]:
     """'31-35,40' -> (31, 32, 33, 34, 35, 40): row numbers of the public table."""
-    rows: list[int] = []
-    for item in (part.strip() for part in text.split(",") if part.strip()):
-        first, _, last = item.partition("-")
-        try:
-            rows += list(range(int(first), int(last or first) + 1))
-        except ValueError:
-            raise InputError(f"--rows must be numbers and ranges like 31-49,51, got '{text}'") from None
-    return tuple(rows)
+    return parse_int_ranges(text, "--rows", 1, 1 << 40, MAX_ROWS)
 
 
 def detect_format(path: Path, text: str) -> str:

@@ -10,13 +10,26 @@ pass is summed over the B sequences, also with `-pps`: each sequence reads the s
 
 from __future__ import annotations
 
-import json
 import re
 
 from moesim.errors import InputError
-from moesim.hw_profiles.importers.rows import Measured, decode_scope
+from moesim.hw_profiles.importers.rows import MAX_TEST_NS, MAX_TOKENS, Measured, decode_scope
+from moesim.parsing import load_json, parse_float, parse_int
 
 _COLUMNS = ("pp", "tg", "b", "n_kv", "t_pp s", "s_pp t/s", "t_tg s", "s_tg t/s", "t s", "s t/s")
+_FIELDS = (("pp", "prompt"), ("tg", "count"), ("b", "count"), ("t_tg s", "seconds"))  # the columns one measurement reads
+_JSONL_FIELDS = (("pp", "prompt"), ("tg", "count"), ("pl", "count"), ("t_tg", "seconds"))
+
+
+def _cell(value: object, where: str, column: str, kind: str) -> float:
+    """A cell, checked: a prompt length (>= 0), a count (>= 1) or a time in seconds (> 0, finite)."""
+    what = f"{where}: column '{column}'"
+    if kind == "seconds":
+        seconds = parse_float(value, what, 0.0, MAX_TEST_NS / 1e9)
+        if not seconds > 0:
+            raise InputError(f"{what}: must be a positive time in seconds, got {value!r}")
+        return seconds
+    return parse_int(value, what, 0 if kind == "prompt" else 1, MAX_TOKENS)
 
 
 def _decode(pp: int, tg: int, sequences: int, t_tg_s: float, where: str, line: int) -> Measured:
@@ -48,21 +61,21 @@ def parse_batched_bench(text: str, where: str) -> list[Measured]:
             if not line.lstrip().startswith("|"):
                 continue
             cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-            try:
-                pp, tg, b = int(cells[0]), int(cells[1]), int(cells[2])
-                t_tg = float(cells[6])
-            except (ValueError, IndexError):
-                raise InputError(f"{where}: line {number}: not a row of numbers ({line.strip()[:60]})") from None
+            if len(cells) != len(_COLUMNS):
+                raise InputError(f"{where}: line {number}: {len(cells)} cells under a header of {len(_COLUMNS)}")
+            values = dict(zip(_COLUMNS, cells, strict=True))
+            pp, tg, b, t_tg = (_cell(values[key], f"{where}: line {number}", key, kind) for key, kind in _FIELDS)
             measured.append(_decode(pp, tg, b, t_tg, where, number))
         return measured
     for number, line in enumerate(lines, start=1):
         if not line.strip().startswith("{"):
             continue
-        try:
-            record = json.loads(line)
-            pp, tg, b, t_tg = int(record["pp"]), int(record["tg"]), int(record["pl"]), float(record["t_tg"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{where}: line {number}: not a llama-batched-bench jsonl row ({exc.__class__.__name__})") from None
+        record = load_json(line, f"{where}: line {number}")
+        if not isinstance(record, dict) or any(key not in record for key, _ in _JSONL_FIELDS):
+            raise InputError(
+                f"{where}: line {number}: not a llama-batched-bench jsonl row (needs {', '.join(k for k, _ in _JSONL_FIELDS)})"
+            )
+        pp, tg, b, t_tg = (_cell(record[key], f"{where}: line {number}", key, kind) for key, kind in _JSONL_FIELDS)
         measured.append(_decode(pp, tg, b, t_tg, where, number))
     if not measured:
         raise InputError(f"{where}: no llama-batched-bench table (| PP | TG | B | ... | S_TG t/s |) or jsonl rows")

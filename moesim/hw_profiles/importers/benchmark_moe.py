@@ -21,10 +21,13 @@ from moesim.errors import InputError
 from moesim.hw_profiles.importers.names import ExpertGeometry, resolve_model
 from moesim.hw_profiles.importers.rows import Measured, PassScope
 from moesim.models import load_preset
+from moesim.parsing import parse_float, parse_int
 
 _NAMESPACE = re.compile(r"^Namespace\((?P<args>.*)\)\s*$")
-_BATCH = re.compile(r"^Batch size: (?P<m>\d+), config: (?P<config>\{.*\})\s*$")
-_TIME = re.compile(r"^Kernel time: (?P<us>[0-9.]+) us\s*$")
+_BATCH = re.compile(r"^Batch size: (?P<m>\S+), config: (?P<config>\{.*\})\s*$")
+_TIME = re.compile(r"^Kernel time: (?P<us>\S+) us\s*$")
+MAX_BATCH = 1 << 20  # tokens of one fused MoE call (vLLM tunes up to 4096)
+MAX_BLOCK = 1 << 12
 _DTYPES = {"auto": "BF16", "bf16": "BF16", "fp8_w8a8": "FP8"}
 
 
@@ -53,12 +56,20 @@ def parse_benchmark_moe(text: str, where: str, model: str | None = None) -> list
                 raise InputError(f"{where}: line {number}: config {match['config'][:60]!r} is not a Python dict") from None
             if not isinstance(config, dict) or "BLOCK_SIZE_M" not in config:
                 raise InputError(f"{where}: line {number}: config has no BLOCK_SIZE_M")
-            pending = (int(match["m"]), config, number)
+            block = parse_int(config["BLOCK_SIZE_M"], f"{where}: line {number}: config 'BLOCK_SIZE_M'", 1, MAX_BLOCK)
+            pending = (
+                parse_int(match["m"], f"{where}: line {number}: 'Batch size'", 1, MAX_BATCH),
+                {**config, "BLOCK_SIZE_M": block},
+                number,
+            )
         elif match := _TIME.match(line.strip()):
             if pending is None:
                 raise InputError(f"{where}: line {number}: 'Kernel time' without a 'Batch size' line before it")
             m, config, at = pending
-            measured.append((m, config, float(match["us"]), at))
+            us = parse_float(match["us"], f"{where}: line {number}: 'Kernel time' (µs)", 0.0, 1e12)
+            if not us > 0:
+                raise InputError(f"{where}: line {number}: 'Kernel time' must be positive, got {match['us']!r}")
+            measured.append((m, config, us, at))
             pending = None
     if not measured:
         raise InputError(f"{where}: no 'Batch size: M, config: {{...}}' / 'Kernel time: T us' pairs (benchmark_moe.py without --tune)")
@@ -69,7 +80,7 @@ def parse_benchmark_moe(text: str, where: str, model: str | None = None) -> list
     if not name:
         raise InputError(f"{where}: the output names no model (no Namespace line): give --model PRESET")
     preset = load_preset(resolve_model(name, where))
-    tp = int(args.get("tp_size", 1) or 1)
+    tp = parse_int(args.get("tp_size", 1) or 1, f"{where}: field 'tp_size'", 1, 1 << 12)
     expert_parallel = bool(args.get("enable_expert_parallel", False))
     geometry = ExpertGeometry(
         preset.hidden,

@@ -12,16 +12,24 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from moesim.errors import InputError, first_line
 from moesim.hw_profiles.importers.names import format_in_description, resolve_formats, resolve_model
-from moesim.hw_profiles.importers.rows import LLAMA_DEFAULT_BATCH, LLAMA_DEFAULT_UBATCH, Measured, decode_scope, prompt_scope
+from moesim.hw_profiles.importers.rows import (
+    LLAMA_DEFAULT_BATCH,
+    LLAMA_DEFAULT_UBATCH,
+    MAX_TEST_NS,
+    MAX_TOKENS,
+    Measured,
+    decode_scope,
+    prompt_scope,
+)
+from moesim.parsing import load_json, parse_float, parse_int
 
-_TEST = re.compile(r"^(?:(?P<kind>pp|tg)(?P<tokens>\d+))(?:\s*@\s*d(?P<depth>\d+))?(?:\s*\(.*\))?$")
+_TEST = re.compile(r"^(?:(?P<kind>pp|tg)(?P<tokens>[0-9]+))(?:\s*@\s*d(?P<depth>[0-9]+))?(?:\s*\(.*\))?$")
 _MARKDOWN_NAMES = {
     "model": "model",
     "backend": "backend",
@@ -57,7 +65,8 @@ def measured_of(test: BenchTest, where: str, model: str | None = None, expert_fo
         if "+" in test.test:
             return None
         raise InputError(f"{where}: line {test.line}: field 'test' is {test.test!r}, expected ppN, tgN or ppN @ dD")
-    tokens, depth = int(match["tokens"]), int(match["depth"] or 0)
+    tokens = parse_int(match["tokens"], f"{where}: line {test.line}: column 'test' ({test.test.strip()[:20]})", 1, MAX_TOKENS)
+    depth = parse_int(match["depth"] or 0, f"{where}: line {test.line}: column 'test' (depth)", 0, MAX_TOKENS)
     scope = prompt_scope(tokens, test.n_ubatch, depth, test.n_batch) if match["kind"] == "pp" else decode_scope(tokens, depth)
     if test.total_ns is not None:
         time_us, how = test.total_ns / 1e3 / scope.passes, "avg_ns / passes"
@@ -92,11 +101,11 @@ def _cells(line: str) -> list[str]:
 
 
 def _number(text: str, where: str, field: str) -> float:
-    value = text.split("±")[0].strip()
-    try:
-        return float(value)
-    except ValueError:
-        raise InputError(f"{where}: field '{field}' is {text!r}, expected a number") from None
+    return parse_float(text.split("±")[0], f"{where}: column '{field}'", 0.0)
+
+
+def _count(text: str, where: str, field: str) -> int:
+    return parse_int(text, f"{where}: column '{field}'", 1, MAX_TOKENS)
 
 
 def parse_markdown(text: str, where: str, device: str = "") -> list[BenchTest]:
@@ -128,10 +137,12 @@ def parse_markdown(text: str, where: str, device: str = "") -> list[BenchTest]:
                     BenchTest(
                         model=cells[columns["model"]],
                         test=cells[columns["test"]],
-                        n_ubatch=int(_number(cells[columns["n_ubatch"]], where, "n_ubatch"))
+                        n_ubatch=_count(cells[columns["n_ubatch"]], f"{where}: line {i + 1}", "n_ubatch")
                         if "n_ubatch" in columns
                         else LLAMA_DEFAULT_UBATCH,
-                        n_batch=int(_number(cells[columns["n_batch"]], where, "n_batch")) if "n_batch" in columns else LLAMA_DEFAULT_BATCH,
+                        n_batch=_count(cells[columns["n_batch"]], f"{where}: line {i + 1}", "n_batch")
+                        if "n_batch" in columns
+                        else LLAMA_DEFAULT_BATCH,
                         tokens_per_s=_number(cells[j], f"{where}: line {i + 1}", header[j]),
                         total_ns=None,
                         backend=cells[columns["backend"]] if "backend" in columns else "",
@@ -152,8 +163,13 @@ def _field(record: dict[str, Any], key: str, where: str) -> Any:
 
 
 def _from_record(record: dict[str, Any], where: str, line: int, device: str) -> BenchTest:
-    n_prompt, n_gen = int(_field(record, "n_prompt", where)), int(_field(record, "n_gen", where))
-    depth = int(record.get("n_depth", 0) or 0)
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: a llama-bench test is an object of fields, got {type(record).__name__}")
+    n_prompt = parse_int(_field(record, "n_prompt", where), f"{where}: column 'n_prompt'", 0, MAX_TOKENS)
+    n_gen = parse_int(_field(record, "n_gen", where), f"{where}: column 'n_gen'", 0, MAX_TOKENS)
+    depth = parse_int(record.get("n_depth", 0) or 0, f"{where}: column 'n_depth'", 0, MAX_TOKENS)
+    if not n_prompt and not n_gen:
+        raise InputError(f"{where}: columns 'n_prompt' and 'n_gen' are both 0: no test")
     if n_prompt and n_gen:
         test = f"pp{n_prompt}+tg{n_gen}"
     else:
@@ -162,10 +178,10 @@ def _from_record(record: dict[str, Any], where: str, line: int, device: str) -> 
     return BenchTest(
         model=str(_field(record, "model_type", where)),
         test=test,
-        n_ubatch=int(_field(record, "n_ubatch", where)),
-        n_batch=int(record.get("n_batch", LLAMA_DEFAULT_BATCH)),
-        tokens_per_s=float(record.get("avg_ts", 0.0)),
-        total_ns=float(_field(record, "avg_ns", where)),
+        n_ubatch=parse_int(_field(record, "n_ubatch", where), f"{where}: column 'n_ubatch'", 1, MAX_TOKENS),
+        n_batch=parse_int(record.get("n_batch", LLAMA_DEFAULT_BATCH), f"{where}: column 'n_batch'", 1, MAX_TOKENS),
+        tokens_per_s=parse_float(record.get("avg_ts", 0.0), f"{where}: column 'avg_ts'", 0.0),
+        total_ns=parse_float(_field(record, "avg_ns", where), f"{where}: column 'avg_ns'", 0.0, MAX_TEST_NS),
         backend=str(record.get("backends", "")),
         device=device or str(record.get("gpu_info", "")),
         build=build,
@@ -181,11 +197,11 @@ def parse_records(text: str, where: str, kind: str, device: str = "") -> list[Be
             records = list(csv.DictReader(io.StringIO(text)))
             return [_from_record(r, f"{where}: line {i + 2}", i + 2, device) for i, r in enumerate(records)]
         if kind == "json":
-            records = json.loads(text)
+            records = load_json(text, where)
             if not isinstance(records, list):
                 raise InputError(f"{where}: llama-bench -o json is a list of tests")
             return [_from_record(r, f"{where}: test {i + 1}", i + 1, device) for i, r in enumerate(records)]
         lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip()]
-        return [_from_record(json.loads(line), f"{where}: line {i}", i, device) for i, line in lines]
-    except (json.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
+        return [_from_record(load_json(line, f"{where}: line {i}"), f"{where}: line {i}", i, device) for i, line in lines]
+    except (ValueError, TypeError, AttributeError) as exc:  # a CSV the reader cannot split
         raise InputError(f"{where}: not llama-bench -o {kind} output ({first_line(exc)[:80]})") from None

@@ -23,6 +23,8 @@ from moesim.models import load_preset
 
 LLAMA_DEFAULT_UBATCH = 512
 LLAMA_DEFAULT_BATCH = 2048
+MAX_TOKENS = 1 << 24  # tokens of a test, a microbatch, a depth: beyond any context an engine runs
+MAX_TEST_NS = 1e15  # a test's time in ns (11 days)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from moesim.hw_profiles.microbench.routing import pass_features, routing_ids
 from moesim.hw_profiles.microbench.table import MoeShape, TimingSummary, measurement_row
 from moesim.kernels.features import RoutingFeatures, uniform_distinct_experts
 from moesim.models import WEIGHT_FORMATS
+from moesim.parsing import parse_float, parse_int
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BACKEND = re.compile(r"^Backend \d+/\d+: (?P<name>\S+)")
@@ -45,6 +46,9 @@ _CASE = re.compile(r"^\s*MUL_MAT_ID\((?P<params>[^)]*)\):\s*(?P<runs>\d+) runs -
 _SQL_VALUE = re.compile(r"\s*(?:'((?:[^']|'')*)'|([^,]*))\s*(,|$)")
 _SQL = re.compile(r"^\s*INSERT INTO test_backend_ops \((?P<columns>[^)]*)\) VALUES \((?P<values>.*)\);\s*$")
 _PARAMS = ("type_a", "type_b", "n_mats", "n_used", "b", "m", "n", "k")
+MAX_DIM = 1 << 20  # a matrix dimension (m, k) of a case
+MAX_CASE_TOKENS = 1 << 16  # tokens (n) of one case: its expected routing is drawn EXPECTATION_DRAWS times
+_BOUNDS = {"b": (0, 1), "n_mats": (1, 1 << 16), "n_used": (1, 1 << 16), "n": (1, None)}
 EXPECTATION_DRAWS = 400
 
 
@@ -72,11 +76,18 @@ def mul_mat_id_case(params: str, backend_name: str, device: str, runs: int, time
     missing = [p for p in _PARAMS if p not in values]
     if missing:
         raise InputError(f"{where}: MUL_MAT_ID case lacks '{missing[0]}' ({params})")
-    try:
-        numbers = {p: int(values[p]) for p in ("n_mats", "n_used", "b", "m", "n", "k")}
-        chained = int(values.get("o", 1))
-    except ValueError:
-        raise InputError(f"{where}: MUL_MAT_ID case has a non-integer size ({params})") from None
+    numbers = {
+        p: parse_int(values[p], f"{where}: column '{p}'", *_BOUNDS.get(p, (1, MAX_DIM))) for p in ("n_mats", "n_used", "b", "m", "n", "k")
+    }
+    chained = parse_int(values.get("o", 1), f"{where}: column 'o'", 1, 64)
+    if numbers["n"] > MAX_CASE_TOKENS:
+        ids = float(numbers["n"]) * numbers["n_used"] * EXPECTATION_DRAWS
+        raise InputError(
+            f"{where}: column 'n': {numbers['n']} tokens in one case, more than {MAX_CASE_TOKENS} (its expected routing would "
+            f"draw {ids:.3g} expert ids, {ids * 8 / 1e9:.3g} GB)"
+        )
+    if numbers["n_used"] > numbers["n_mats"]:
+        raise InputError(f"{where}: column 'n_used': {numbers['n_used']} experts used of {numbers['n_mats']}")
     return MulMatIdCase(
         backend_name=backend_name,
         device=device,
@@ -118,16 +129,16 @@ def parse_backend_ops_perf(text: str, source: str = "log") -> list[MulMatIdCase]
         elif match := _DESCRIPTION.match(line):
             device = match["description"]
         elif match := _CASE.match(line):
-            cases.append(mul_mat_id_case(match["params"], backend_name, device, int(match["runs"]), float(match["us"]), where))
+            runs = parse_int(match["runs"], f"{where}: column 'runs'", 0, 1 << 40)
+            time_us = parse_float(match["us"], f"{where}: column 'us/run'", 0.0, 1e12)
+            cases.append(mul_mat_id_case(match["params"], backend_name, device, runs, time_us, where))
         elif match := _SQL.match(line):
             columns = [c.strip() for c in match["columns"].split(",")]
             row = dict(zip(columns, _sql_values(match["values"]), strict=False))
             if row.get("op_name") != "MUL_MAT_ID" or row.get("supported") in ("0", "false") or not row.get("time_us"):
                 continue
-            try:
-                runs, time_us = int(float(row.get("n_runs", "0"))), float(row["time_us"])
-            except ValueError:
-                raise InputError(f"{where}: field 'time_us' is {row['time_us']!r}, expected a number") from None
+            runs = parse_int(row.get("n_runs", "0"), f"{where}: column 'n_runs'", 0, 1 << 40)
+            time_us = parse_float(row["time_us"], f"{where}: column 'time_us'", 0.0, 1e12)
             name = row.get("backend_name", "")
             cases.append(mul_mat_id_case(row.get("op_params", ""), name, row.get("device_description") or name, runs, time_us, where))
     return cases

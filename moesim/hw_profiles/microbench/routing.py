@@ -17,6 +17,7 @@ import numpy as np
 from moesim.errors import InputError
 from moesim.fields import option
 from moesim.kernels.features import RoutingFeatures, consecutive_runs
+from moesim.parsing import parse_int_ranges
 
 ROUTINGS = ("same", "uniform", "distinct")
 
@@ -99,24 +100,13 @@ def expert_plan(ids: np.ndarray, experts: int) -> ExpertPlan:
     return ExpertPlan(slot_tokens, slot_experts, order, present, starts, np.cumsum(counts))
 
 
+MAX_PASS_SIZES = 4096  # pass sizes one microbenchmark measures, each up to MAX_PASS_SIZE tokens
+MAX_PASS_SIZE = 1 << 16
+
+
 def parse_pass_sizes(text: str) -> tuple[int, ...]:
-    """'1-16,24,32' -> (1, ..., 16, 24, 32): sorted, unique, each >= 1."""
-    sizes: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
-                if low > high:
-                    raise ValueError
-                sizes.update(range(low, high + 1))
-            else:
-                sizes.add(int(part))
-        except ValueError:
-            raise InputError(f"pass sizes: cannot read '{part}' in '{text}' (expected e.g. 1-16,24,32)") from None
-    if not sizes or min(sizes) < 1:
-        raise InputError(f"pass sizes must be integers >= 1, got '{text}'")
-    return tuple(sorted(sizes))
+    """'1-16,24,32' -> (1, ..., 16, 24, 32): sorted, unique, each in 1..MAX_PASS_SIZE."""
+    return parse_int_ranges(text, "pass sizes", 1, MAX_PASS_SIZE, MAX_PASS_SIZES)
 
 
 def format_pass_sizes(sizes: tuple[int, ...]) -> str:

@@ -11,6 +11,7 @@ import polars as pl
 from moesim.errors import InputError
 from moesim.kernels.reuse import group_features
 from moesim.kernels.unions import batch_lanes, batch_windows
+from moesim.parsing import parse_int
 from moesim.sim.analysis.moesd import target_efficiency
 from moesim.sim.analysis.ranks import ranked_costs
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
@@ -166,10 +167,9 @@ def batch_analysis(
 
 def parse_batch_sizes(text: str, option: str = "--batch") -> list[int]:
     """'1,2,4' -> [1, 2, 4]; an empty item, a non-integer or a size below 1 is one line."""
-    try:
-        sizes = [int(b) for b in text.split(",")]
-    except ValueError:
-        raise InputError(f"{option} must be comma-separated integers, got '{text}'") from None
+    if len(text) > 1 << 16:
+        raise InputError(f"{option}: {len(text)} characters, more than any list of sizes needs")
+    sizes = [parse_int(b, f"{option} (comma-separated integers)", None, 1 << 20) for b in text.split(",")]
     if min(sizes) < 1:
         raise InputError(f"{option} sizes must be >= 1, got {min(sizes)}")
     return sizes

@@ -146,10 +146,13 @@ class BestDraft:
         return out
 
 
+DEFAULT_MAX_DRAFT = 8  # the largest draft length k of best-draft when none is given
+
+
 def best_draft_analysis(
     scenario: Scenario,
     alphas: list[float] | np.ndarray,
-    max_draft: int = 8,
+    max_draft: int | None = None,
     *,
     accept_lengths: list[str] | None = None,
     depth_rates: list[str] | None = None,
@@ -158,7 +161,16 @@ def best_draft_analysis(
     verdict: bool = False,
 ) -> BestDraft:
     """Best draft length k = 0..max_draft per acceptance point, with intervals from the families' ε
-    (and the spec-path terms' bound); `verdict` adds whether speculation pays at each point."""
+    (and the spec-path terms' bound); `verdict` adds whether speculation pays at each point.
+    `max_draft` None: DEFAULT_MAX_DRAFT, or the depth of a static tree (paths) when shallower."""
+    depth = scenario.drafter.tree.max_depth
+    if max_draft is None:
+        max_draft = DEFAULT_MAX_DRAFT if depth is None else min(DEFAULT_MAX_DRAFT, depth)
+    elif depth is not None and max_draft > depth:
+        raise InputError(
+            f"--max-draft {max_draft} is deeper than the drafter's tree ({scenario.drafter.tree.label()} reaches depth {depth}): "
+            f"give --max-draft {depth} or less, or a deeper tree"
+        )
     check_draft_lengths(max_draft, "max draft length")
     if max_draft > LARGEST_PASS - 1:  # a verify pass is k + 1 tokens
         raise InputError(f"the largest draft length (--max-draft) must lie in 0..{LARGEST_PASS - 1}, got {max_draft}")

@@ -23,9 +23,10 @@ from moesim.errors import InputError
 from moesim.fields import FieldError
 from moesim.hw_profiles import HardwareProfile
 from moesim.hw_profiles.speculative import SpecPath
+from moesim.parsing import parse_float, parse_int
 from moesim.sim.analysis.batch import union_pass_cost
 from moesim.sim.analysis.ranks import mean_costs
-from moesim.sim.analysis.scenario import Scenario, expected_costs
+from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, expected_costs
 from moesim.sim.analysis.speculation import best_in_table, check_acceptance, relative_cost, tokens_per_pass_table
 from moesim.sim.cost.drafters import Drafter, draft_model_layers, draft_steps, draft_us
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, SIGNS, PassCost
@@ -167,17 +168,17 @@ def acceptance_points(
     tree: α solved), per-depth rates 'a1,a2,...', and recorded runs (accepted counts: α_d = S_d / S_{d−1})."""
     points = [AcceptancePoint(f"alpha={a:g}", np.array([a])) for a in check_acceptance(np.asarray(alphas, np.float64)).ravel()]
     for text in accept_lengths:
-        length, _, at = text.partition("@")
-        try:
-            value, k = float(length), int(at)
-        except ValueError:
-            raise InputError(f"--accept-len must be LENGTH@DRAFT_LEN (e.g. 2.4@3), got '{text}'") from None
+        length, sep, at = text.partition("@")
+        if not sep:
+            raise InputError(f"--accept-len must be LENGTH@DRAFT_LEN (e.g. 2.4@3), got '{text}'")
+        k = parse_int(at, f"--accept-len '{text}': draft length", 1, LARGEST_PASS - 1)  # a verify pass of k + 1 tokens
+        value = parse_float(length, f"--accept-len '{text}': length (tokens per pass, bonus included)", 1.0, float(k + 1))
         points.append(AcceptancePoint(f"length {value:g} at k={k}", np.array([solve_alpha(tree, k, value, sibling_rate)])))
     for text in depth_rates:
-        try:
-            rates = np.array([float(r) for r in text.split(",") if r.strip()])
-        except ValueError:
-            raise InputError(f"--depth-rates must be comma-separated rates, got '{text}'") from None
+        items = [r for r in text.split(",") if r.strip()]
+        if len(items) > LARGEST_PASS:
+            raise InputError(f"--depth-rates: {len(items)} rates, more than the deepest draft ({LARGEST_PASS - 1}) can use")
+        rates = np.array([parse_float(r, f"--depth-rates '{text[:40]}': rate", 0.0, 1.0) for r in items])
         if rates.size == 0:
             raise InputError("--depth-rates needs at least one rate")
         points.append(AcceptancePoint(f"rates {text}", check_acceptance(rates, "depth rate")))
@@ -194,10 +195,21 @@ def recorded_rates(path: str) -> np.ndarray:
         sequences, drafted = read_accepted_counts(Path(path))
     except FieldError as exc:
         raise InputError(f"--accept-run {path}: {exc.detail}") from None
-    counts = np.concatenate(sequences)
-    depth = int(drafted or counts.max(initial=0))
+    counts = np.concatenate(sequences) if sequences else np.zeros(0, np.int64)
+    if counts.dtype.kind not in "iu":
+        raise InputError(f"--accept-run {path}: column 'accepted' must hold integer counts, got {counts.dtype} values")
+    if np.any(counts < 0):
+        raise InputError(f"--accept-run {path}: column 'accepted' must be >= 0, got {int(counts.min())}")
+    depth = int(drafted if drafted is not None else counts.max(initial=0))
     if counts.size == 0 or depth < 1:
         raise InputError(f"--accept-run {path}: no drafted step to read acceptance from")
+    if depth > LARGEST_PASS - 1:
+        raise InputError(
+            f"--accept-run {path}: draft length {depth} is beyond {LARGEST_PASS - 1} (reading its per-depth rates would "
+            f"take {depth:.3g} passes over {counts.size} counts)"
+        )
+    if drafted is not None and counts.max() > drafted:
+        raise InputError(f"--accept-run {path}: column 'accepted' holds {int(counts.max())}, more than the {drafted} tokens drafted")
     survival = np.array([1.0, *((counts >= d).mean() for d in range(1, depth + 1))])
     return np.divide(survival[1:], survival[:-1], out=np.zeros(depth), where=survival[:-1] > 0)
 

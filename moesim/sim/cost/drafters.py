@@ -31,6 +31,7 @@ from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.hw_profiles import HardwareProfile, load_profile
 from moesim.kernels.features import uniform_distinct_experts
 from moesim.models import PRESET_FILES, AttentionShape, ModelPreset, builtin_names, bytes_per_weight, draft_for, load_preset
+from moesim.parsing import parse_float, parse_int
 from moesim.registry import Registry
 from moesim.sim.cost.tree import TreeSpec, parse_tree
 
@@ -82,8 +83,9 @@ def draft_us(drafter: Drafter, draft_lens: np.ndarray, context_tokens: float, de
     rows = {int(k): drafter.tree.draft_rows(int(k)) for k in np.unique(lens) if k > 0}
     total = 0.0
     for s in range(steps):
-        active = lens[lens > s]
-        total += drafter.step_us(int(sum(rows[int(k)][s] for k in active)), int(active.size), context_tokens, dense_us)
+        active = [rows[int(k)] for k in lens if k > 0 and s < len(rows[int(k)])]  # a static tree drafts at most its depth
+        if active:
+            total += drafter.step_us(sum(r[s] for r in active), len(active), context_tokens, dense_us)
     return total
 
 
@@ -335,10 +337,14 @@ class DflashDrafter(_Head):
         return cls(params, params, layers * attention.kv_cache_bytes_per_token(), "BF16")
 
 
+MAX_SPEC_INT = 1 << 24  # a draft vocabulary, a number of draft layers
+
+
 def _positive_int(spec: str, text: str, what: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"drafter '{spec}': needs {what} (a positive integer), got '{text}'")
-    return int(text)
+    try:
+        return parse_int(text, f"drafter '{spec[:60]}': {what}", 1, MAX_SPEC_INT)
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @DRAFTERS.register
@@ -363,14 +369,14 @@ class FixedDrafter:
         return self.step_time_us if rows else 0.0
 
 
+MAX_STEP_US = 1e9  # µs per draft step (a quarter of an hour)
+
+
 def _microseconds(spec: str, argument: str, usage: str, what: str) -> float:
     try:
-        value = float(argument)
-    except ValueError:
-        raise ConfigError(f"drafter '{spec}': '{usage}' needs a number of µs {what}") from None
-    if not np.isfinite(value) or value < 0:
-        raise ConfigError(f"drafter '{spec}': the time {what} must be >= 0")
-    return value
+        return parse_float(argument, f"drafter '{spec[:60]}': '{usage}' (µs {what})", 0.0, MAX_STEP_US)
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @DRAFTERS.register

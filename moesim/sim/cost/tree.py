@@ -33,8 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesim.errors import ConfigError
+from moesim.errors import ConfigError, InputError
+from moesim.parsing import load_json, parse_int
 
+MAX_TREE_NODES = 4096  # nodes of a draft tree (its verify pass), and its ranks and depths
+MAX_TOPK = 64  # candidates per node of a beam (its pool grows as topk² per step)
 DEFAULT_SIBLING_RATE = 0.2  # assumed: no shared run resolves the acceptance of second candidates
 
 
@@ -226,18 +229,28 @@ def parse_tree(text: str) -> TreeSpec:
     text = text.strip()
     if text in ("", "chain"):
         return TreeSpec()
+    shown = text if len(text) <= 60 else text[:57] + "..."
     if text.startswith("paths="):
+        usage = f"tree '{shown}': paths must be a JSON list of rank lists, e.g. [[0],[0,0],[0,1]]"
         try:
-            paths = json.loads(text.removeprefix("paths="))
-            return TreeSpec(paths=tuple(tuple(int(r) for r in p) for p in paths))
-        except (ValueError, TypeError):
-            raise ConfigError(f"tree '{text}': paths must be a JSON list of rank lists, e.g. [[0],[0,0],[0,1]]") from None
+            paths = load_json(text.removeprefix("paths="), f"tree '{shown}'", max_depth=2)
+        except InputError as exc:
+            raise ConfigError(f"{usage} ({exc})") from None
+        if not isinstance(paths, list) or not all(isinstance(p, list) and all(type(r) is int for r in p) for p in paths):
+            raise ConfigError(usage)
+        if len(paths) > MAX_TREE_NODES or any(len(p) > MAX_TREE_NODES or max(p, default=0) >= MAX_TREE_NODES for p in paths):
+            raise ConfigError(f"tree '{shown}': at most {MAX_TREE_NODES} nodes, each path and rank below {MAX_TREE_NODES}")
+        return TreeSpec(paths=tuple(tuple(p) for p in paths))
     values: dict[str, int] = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        if key.strip() not in ("topk", "tokens") or not value.strip().isdigit():
-            raise ConfigError(f"tree '{text}': give topk=K[,tokens=N] or paths=[[0],...] (got '{item}')")
-        values[key.strip()] = int(value)
+        if key.strip() not in ("topk", "tokens"):
+            raise ConfigError(f"tree '{shown}': give topk=K[,tokens=N] or paths=[[0],...] (got '{item[:40]}')")
+        try:
+            high = MAX_TOPK if key.strip() == "topk" else MAX_TREE_NODES
+            values[key.strip()] = parse_int(value, f"tree '{shown}': {key.strip()}", 1, high)
+        except InputError as exc:
+            raise ConfigError(str(exc)) from None
     return TreeSpec(topk=values.get("topk", 1), tokens=values.get("tokens"))
 
 

@@ -49,6 +49,7 @@ from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generato
 
 MODEL_PLACEHOLDER = "{model}"
 MAX_REQUESTS = 1 << 24
+MAX_DURATION_S = 1e7  # simulated seconds of one run (116 days)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class RunSection(Checked):
 
     seed: int = checked(0, ge=0, le=MAX_SEED)
     requests: int = checked(16, ge=0, le=MAX_REQUESTS)
-    duration_s: float = checked(0.0, ge=0.0)
+    duration_s: float = checked(0.0, ge=0.0, le=MAX_DURATION_S)
     compare_off: bool = True
 
     def __post_init__(self) -> None:
@@ -433,9 +434,27 @@ def placement(config: SimConfig) -> tuple[Parallelism, KVBudget | None]:
     draft = drafter.model if isinstance(drafter, DenseModelDrafter) else None
     host = link_spec(device.host_link) if device is not None and device.host_link else None
     try:
-        return parallel, kv_budget(config.memory, preset, fmt, draft, device, parallel, host)
+        budget = kv_budget(config.memory, preset, fmt, draft, device, parallel, host)
     except ConfigError as exc:
         raise ConfigError(f"{source}: key 'memory': {exc}") from None
+    _check_longest_request_fits(config, budget)
+    return parallel, budget
+
+
+def _check_longest_request_fits(config: SimConfig, budget: KVBudget) -> None:
+    """Refuse pages too few for the longest request alone (prompt, output and the widest verify
+    pass): such a request would wait for ever and the run 'complete' without it."""
+    workload = config.workload
+    longest = max(p + o for p, o in zip(workload.prompts, workload.outputs, strict=True))
+    caps = [config.policy.k_cap, *(p.k_cap for p in (config.study.policies if config.study else ()))]
+    tokens = longest + max(caps) + 1
+    needed = -(-tokens // budget.block_tokens)
+    if needed > budget.pages:
+        raise ConfigError(
+            f"{config.source}: key 'memory.pages': {budget.pages} pages of {budget.block_tokens} tokens hold "
+            f"{budget.pages * budget.block_tokens} tokens; the longest request needs {tokens} ({needed} pages: prompt and output "
+            f"{longest}, a verify pass of {max(caps) + 1}), so it could never run"
+        )
 
 
 def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudySection:
@@ -552,6 +571,16 @@ def _with_drafter_tree(config: SimConfig) -> SimConfig:
     workloads = [("acceptance", config.acceptance)] + [
         (f"study.workloads.{n}", a) for n, a in (config.study.workloads if config.study else ())
     ]
+    if tree.paths:
+        policies = [("policy", config.policy)] + [
+            (f"study.policies[{i}]", p) for i, p in enumerate(config.study.policies if config.study else ())
+        ]
+        for section, policy in policies:
+            if policy.k_cap > (tree.max_depth or 0):
+                raise ConfigError(
+                    f"{config.source}: key '{section}': the policy drafts up to {policy.k_cap} tokens, deeper than the drafter's "
+                    f"tree ({tree.label()} reaches depth {tree.max_depth}); give a deeper tree or a smaller k"
+                )
     if not tree.is_chain:
         if config.cost.kind != "steptime":
             raise ConfigError(
@@ -575,16 +604,36 @@ def _with_drafter_tree(config: SimConfig) -> SimConfig:
 RECORD_BYTES_PER_STEP = 160  # the server's records per request and iteration (Python lists), measured order
 
 
+MAX_STUDY_STEPS = 1 << 34  # request steps a study simulates (hours at the server's rate of 10^6 steps/s)
+REFERENCE_STEPS_PER_S = 1e6  # the order of the server's rate, for the time an estimate names
+
+
 def _check_size(config: SimConfig) -> None:
     """Refuse, with the estimate, a run whose records cannot fit memory: at most one step per
-    request and output token (speculation off), for the run and its speculation-off twin."""
+    request and output token (speculation off), for the run and its speculation-off twin; a
+    closed loop run for a duration with a pass-cost table completes at most one pass per
+    table entry's time; a study runs every cell."""
     run = config.run
-    requests = run.requests or (config.arrivals.rate_per_s or 0.0) * run.duration_s
     tokens = sum(config.workload.outputs) / len(config.workload.outputs)
+    requests = run.requests or (config.arrivals.rate_per_s or 0.0) * run.duration_s
+    key = "run.requests" if run.requests else "run.duration_s"
+    if not run.requests and config.arrivals.kind == "closed" and config.cost.kind == "table":
+        requests = config.arrivals.concurrency * run.duration_s * 1e6 / (min(config.cost.target_us) * tokens)
     try:
         check_fits("the simulation's records", 2 * requests * tokens * RECORD_BYTES_PER_STEP)
     except MoesimError as exc:
-        raise ConfigError(f"{config.source}: key 'run.requests': {requests:.0f} requests of {tokens:.0f} tokens: {exc}") from None
+        raise ConfigError(f"{config.source}: key '{key}': {requests:.3g} requests of {tokens:.0f} tokens: {exc}") from None
+    study = config.study
+    if study is not None:
+        axes = (study.models, study.workloads, study.policies, study.batches, study.devices)
+        cells = math.prod(max(len(axis), 1) for axis in axes)
+        steps = 2 * cells * requests * tokens
+        if steps > MAX_STUDY_STEPS:
+            raise ConfigError(
+                f"{config.source}: key 'study': {cells:,} cells of {requests:.3g} requests of {tokens:.0f} tokens are about "
+                f"{steps:.3g} simulated steps (some {steps / REFERENCE_STEPS_PER_S / 3600:.3g} hours at "
+                f"{REFERENCE_STEPS_PER_S:.0e} steps/s), more than {MAX_STUDY_STEPS:.3g}: fewer cells or requests"
+            )
 
 
 def load_config(path: str | Path) -> SimConfig:

@@ -32,6 +32,9 @@ from moesim.hw_profiles.catalog import DeviceSpec, LinkSpec
 from moesim.models import ModelPreset
 from moesim.sim.cost.parallel import Parallelism
 
+MAX_PAGES = 1 << 40  # KV pages of one run (the compiled lane counts them in 64 bits, times the block)
+MAX_BLOCK_TOKENS = 1 << 16
+
 
 @dataclass(frozen=True)
 class MemorySection:
@@ -47,7 +50,8 @@ class MemorySection:
 
     def __post_init__(self) -> None:
         require(self.block_tokens >= 1, "block_tokens", f"must be >= 1, got {self.block_tokens}")
-        require(self.pages >= 0, "pages", f"must be >= 0 (0: from the device's memory), got {self.pages}")
+        require(0 <= self.pages <= MAX_PAGES, "pages", f"must be in 0..{MAX_PAGES} (0: from the device's memory), got {self.pages}")
+        require(self.block_tokens <= MAX_BLOCK_TOKENS, "block_tokens", f"must be in 1..{MAX_BLOCK_TOKENS}, got {self.block_tokens}")
         require(math.isfinite(self.utilization) and 0 < self.utilization <= 1, "utilization", f"must lie in (0, 1], got {self.utilization}")
         require(math.isfinite(self.reserve_gb) and self.reserve_gb >= 0, "reserve_gb", f"must be >= 0, got {self.reserve_gb}")
         require(

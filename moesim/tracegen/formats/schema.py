@@ -37,6 +37,7 @@ import pyarrow as pa
 from moesim.errors import ConfigError, InputError
 from moesim.fields import Checked, build, checked, require
 from moesim.models import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH, ExpertShape, ModelPreset, bytes_per_weight, check_weight_format
+from moesim.parsing import load_json
 
 TRACE_FORMAT = "routing-trace"
 TRACE_FORMAT_VERSION = 1
@@ -164,10 +165,7 @@ def groups_of(names: list[str]) -> tuple[SequenceGroup, ...]:
 
 def parse_provenance(text: str, source: str) -> dict[str, Any]:
     """The `moesim.provenance` JSON: an object."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: schema metadata 'moesim.provenance' is not JSON ({exc})") from None
+    data = load_json(text, f"{source}: schema metadata 'moesim.provenance'")
     if not isinstance(data, dict):
         raise InputError(f"{source}: schema metadata 'moesim.provenance' must be a JSON object, got {type(data).__name__}")
     return data
@@ -175,10 +173,10 @@ def parse_provenance(text: str, source: str) -> dict[str, Any]:
 
 def parse_groups(text: str, source: str) -> tuple[SequenceGroup, ...]:
     """The `moesim.groups` JSON: a list of {name, first_seq, seqs}, consecutive from sequence 0, names unique."""
+    data = load_json(text, f"{source}: schema metadata 'moesim.groups'")
     try:
-        data = json.loads(text)
         groups = tuple(SequenceGroup(**item) for item in data)
-    except (json.JSONDecodeError, TypeError) as exc:
+    except TypeError as exc:
         raise InputError(f"{source}: schema metadata 'moesim.groups' must be a list of {{name, first_seq, seqs}} ({exc})") from None
     check_groups(groups, None, source)
     return groups
@@ -204,10 +202,7 @@ def check_groups(groups: tuple[SequenceGroup, ...], n_seqs: int | None, source: 
 def meta_from_json(cls: type, text: str, source: str, prepare: Callable[[Any], Any] | None = None) -> Any:
     """A file's `moesim.meta` JSON through the schema layer (`prepare`: applied to the parsed JSON
     first): one line naming the file and the metadata key."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(f"{source}: schema metadata 'moesim.meta' is not valid JSON ({exc.__class__.__name__})") from None
+    data = load_json(text, f"{source}: schema metadata 'moesim.meta'")
     try:
         return build(cls, prepare(data) if prepare else data, "", source, Path("."), noun="metadata key")
     except ConfigError as exc:

@@ -480,13 +480,20 @@ def read_accepted_counts(path: Path) -> tuple[list[np.ndarray], int | None]:
             return spec_run  # type: ignore[return-value]
     try:
         if reader is None:
-            return [np.asarray(np.load(path, allow_pickle=False))], None
+            counts = np.asarray(np.load(path, allow_pickle=False))
+            if counts.ndim != 1:
+                raise FieldError("file", f"{path} must hold one sequence of accepted counts (a 1-D array), got shape {counts.shape}")
+            return [counts], None
         frame = reader(path)
     except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
         raise FieldError("file", f"cannot read {path} ({first_line(exc)})") from None
     if "accepted" not in frame.columns:
         raise FieldError("file", f"{path} has no column 'accepted'")
-    drafted = int(frame["drafted"].max()) if "drafted" in frame.columns and frame.height else None  # type: ignore[arg-type]
+    drafted = None
+    if "drafted" in frame.columns and frame.height:
+        if not frame["drafted"].dtype.is_integer() or frame["drafted"].null_count():
+            raise FieldError("file", f"{path}: column 'drafted' must hold integer draft lengths, got {frame['drafted'].dtype}")
+        drafted = int(frame["drafted"].max())  # type: ignore[arg-type]
     if "seq" in frame.columns:
         return [g["accepted"].to_numpy() for g in frame.partition_by("seq", maintain_order=True)], drafted
     return [frame["accepted"].to_numpy()], drafted

@@ -4,7 +4,6 @@ and reading NumPy / safetensors archives with one-line errors."""
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from moesim.errors import InputError, first_line
+from moesim.parsing import load_json
 from moesim.tracegen.formats.schema import SequenceGroup, TraceGeometry, TraceMeta
 from moesim.tracegen.formats.trace import Trace
 
@@ -90,11 +90,9 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
 def read_provenance(path: Path) -> dict[str, Any]:
     """A provenance JSON object (where imported routing came from), for the trace's metadata."""
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_bytes(), str(path))
     except OSError as exc:
         raise InputError(f"{path}: cannot read the provenance file ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not a JSON file ({exc})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a provenance file holds one JSON object, got {type(data).__name__}")
     return data

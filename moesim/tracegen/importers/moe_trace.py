@@ -10,7 +10,6 @@ layer 0 being dense; Mixtral's 0..31), after checking that there are as many as 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.errors import InputError
+from moesim.parsing import load_json
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
 from moesim.tracegen.importers.registry import IMPORTERS
@@ -41,10 +41,7 @@ def read_metadata(path: Path) -> dict[str, Any] | None:
         raise InputError(f"{path}: not a readable parquet file ({first})") from None
     if METADATA_KEY not in metadata:
         return None
-    try:
-        meta = json.loads(metadata[METADATA_KEY])
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InputError(f"{path}: schema metadata 'moe_trace' is not JSON") from None
+    meta = load_json(metadata[METADATA_KEY], f"{path}: schema metadata 'moe_trace'")
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), str):
         raise InputError(f"{path}: schema metadata 'moe_trace' needs field 'model' (the traced model's preset name)")
     return meta

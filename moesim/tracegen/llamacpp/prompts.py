@@ -8,11 +8,11 @@ line number before anything runs.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from moesim.errors import InputError
+from moesim.parsing import load_json
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,7 @@ def load_prompts(path: str | Path) -> PromptSet:
         if not line.strip():
             continue
         if jsonl:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {number}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            record = load_json(line, f"{path}: line {number}")
             prompt = record.get("prompt") if isinstance(record, dict) else None
             if not isinstance(prompt, str) or not prompt:
                 raise InputError(f"{path}: line {number}: field 'prompt' is missing or not a non-empty string")

@@ -102,7 +102,7 @@ def trace_info(
 @app.command("tiny-model")
 @config_options(TinyModelSpec, include=TINY_SHAPE, overrides=True)
 def trace_tiny_model(
-    out: Annotated[Path, typer.Option(help="GGUF file to write (a folder with --format mlx).")],
+    out: Annotated[Path, typer.Option(help="GGUF file to write (a folder with --format mlx)."), OUT_FILE],
     draft_of: Annotated[Path | None, typer.Option(help="Write a noisy copy of this moesim-built GGUF (a draft model).")] = None,
     noise: Annotated[float | None, typer.Option(help="With --draft-of: noise added to every weight (0: identical).")] = None,
     **shape: Any,

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file
 from moesim.tracegen.formats.specrun import read_spec_run
 from moesim.tracegen.formats.trace import read_trace
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
-from moesim.tracegen.llamacpp.prompts import prompts_from_texts
+from moesim.tracegen.llamacpp.prompts import load_prompts, prompts_from_texts
 from moesim.tracegen.llamacpp.recorder import RecordConfig
 from moesim.tracegen.llamacpp.speculate import SpeculateConfig
 from moesim.tracegen.mlx import is_mlx_model
@@ -142,6 +142,11 @@ def test_speculative_options_of_the_llamacpp_runner_refused(models: dict[str, Pa
         speculative_run(
             models["target"], models["draft"], prompts_from_texts(PROMPTS, "t"), tmp_path / "s.arrow", SpeculateConfig(n_threads=2)
         )
+    assert not (tmp_path / "s.arrow").exists()
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a fine prompt\nx\n")
+    with pytest.raises(InputError, match="line 2: a prompt of 1 token"):
+        speculative_run(models["target"], models["draft"], load_prompts(prompts), tmp_path / "s.arrow")
     assert not (tmp_path / "s.arrow").exists()
 
 

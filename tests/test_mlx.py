@@ -307,3 +307,12 @@ def test_every_quantisation_of_mlx_lm_runs_and_holds_its_bytes() -> None:
     assert sorted({r["dtype"] for r in rows}) == sorted(f.lower() for f in MLX_FORMATS)
     by_format = {r["dtype"]: r["expert_bytes"] for r in rows}
     assert by_format["mxfp4"] < by_format["affine4"] < by_format["affine6"] < by_format["affine8"] < by_format["f32"]
+
+
+def test_sorted_rows_are_the_engines_family_on_each_backend() -> None:
+    from moesim.hw_profiles.engines import ENGINES
+    from moesim.hw_profiles.microbench.mlx_switch import FAMILIES, row_family
+
+    for backend_name, engine in (("cpu", "MLX CPU"), ("metal", "MLX")):
+        written = {row_family(family, backend_name) for family in FAMILIES}
+        assert written == set(ENGINES.create(engine).families())

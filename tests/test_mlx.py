@@ -80,11 +80,13 @@ def test_tiny_model_and_record_through_the_cli(models: dict[str, Path], tmp_path
     assert code == 0, err
     assert is_mlx_model(folder) and json.loads((folder / "config.json").read_text())["num_experts"] == 8
     results = {}
-    for batch in (0, 1, 3):
+    for batch, extra in ((0, ()), (1, ()), (3, ("--no-weights", "--verbose"))):
         path = tmp_path / f"b{batch}.arrow"
-        code, _out, err = cli("trace", "record", folder, "--prompts", prompts, "--out", path, "--max-tokens", 6, "--prompt-batch", batch)
+        args = ("--out", path, "--max-tokens", 6, "--prompt-batch", batch, *extra)
+        code, _out, err = cli("trace", "record", folder, "--prompts", prompts, *args)
         assert code == 0, err
         results[batch] = read_trace(path)
+    assert results[0].weights is not None and results[3].weights is None
     trace = results[0]
     meta = trace.meta
     assert (meta.engine, meta.backend, meta.geometry.experts, meta.geometry.top_k) == ("mlx_lm", "cpu", 8, 2)
@@ -123,6 +125,13 @@ def test_speculate_through_mlx_lm(models: dict[str, Path], tmp_path: Path, cli) 
     for seq, info in enumerate(run.meta.sequences):
         assert info.prompt_tokens == len(PROMPTS[seq].encode()) - 1  # mlx_lm verifies the prompt's last token with the drafts
         assert info.generated_tokens >= 12 and info.plain_match_tokens == info.generated_tokens
+    bare = tmp_path / "bare.arrow"
+    code, _, err = cli("trace", "speculate", models["target"], models["draft"], "--prompts", prompts, "--out", bare,
+                       "--draft-len", 1, "--max-tokens", 4, "--no-baseline", "--no-weights")  # fmt: skip
+    assert code == 0, err
+    plain = read_spec_run(bare)
+    assert plain.weights is None and all(s.plain_match_tokens == -1 and np.isnan(s.plain_decode_us) for s in plain.meta.sequences)
+    assert set(plain.steps["drafted"].to_list()) == {1}
     # each verify pass routes its accepted slots and the bonus as plain greedy decoding routed those positions
     starts = np.concatenate([[0], np.cumsum(trace.seq_lengths())])
     for i, step in enumerate(steps.iter_rows(named=True)):

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file
 from moesim.tracegen.formats.specrun import read_spec_run
 from moesim.tracegen.formats.trace import read_trace
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
-from moesim.tracegen.llamacpp.prompts import prompts_from_texts
+from moesim.tracegen.llamacpp.prompts import load_prompts, prompts_from_texts
 from moesim.tracegen.llamacpp.recorder import RecordConfig
 from moesim.tracegen.llamacpp.speculate import SpeculateConfig
 from moesim.tracegen.mlx import is_mlx_model
@@ -80,11 +80,13 @@ def test_tiny_model_and_record_through_the_cli(models: dict[str, Path], tmp_path
     assert code == 0, err
     assert is_mlx_model(folder) and json.loads((folder / "config.json").read_text())["num_experts"] == 8
     results = {}
-    for batch in (0, 1, 3):
+    for batch, extra in ((0, ()), (1, ()), (3, ("--no-weights", "--verbose"))):
         path = tmp_path / f"b{batch}.arrow"
-        code, _out, err = cli("trace", "record", folder, "--prompts", prompts, "--out", path, "--max-tokens", 6, "--prompt-batch", batch)
+        args = ("--out", path, "--max-tokens", 6, "--prompt-batch", batch, *extra)
+        code, _out, err = cli("trace", "record", folder, "--prompts", prompts, *args)
         assert code == 0, err
         results[batch] = read_trace(path)
+    assert results[0].weights is not None and results[3].weights is None
     trace = results[0]
     meta = trace.meta
     assert (meta.engine, meta.backend, meta.geometry.experts, meta.geometry.top_k) == ("mlx_lm", "cpu", 8, 2)
@@ -123,6 +125,13 @@ def test_speculate_through_mlx_lm(models: dict[str, Path], tmp_path: Path, cli) 
     for seq, info in enumerate(run.meta.sequences):
         assert info.prompt_tokens == len(PROMPTS[seq].encode()) - 1  # mlx_lm verifies the prompt's last token with the drafts
         assert info.generated_tokens >= 12 and info.plain_match_tokens == info.generated_tokens
+    bare = tmp_path / "bare.arrow"
+    code, _, err = cli("trace", "speculate", models["target"], models["draft"], "--prompts", prompts, "--out", bare,
+                       "--draft-len", 1, "--max-tokens", 4, "--no-baseline", "--no-weights")  # fmt: skip
+    assert code == 0, err
+    plain = read_spec_run(bare)
+    assert plain.weights is None and all(s.plain_match_tokens == -1 and np.isnan(s.plain_decode_us) for s in plain.meta.sequences)
+    assert set(plain.steps["drafted"].to_list()) == {1}
     # each verify pass routes its accepted slots and the bonus as plain greedy decoding routed those positions
     starts = np.concatenate([[0], np.cumsum(trace.seq_lengths())])
     for i, step in enumerate(steps.iter_rows(named=True)):
@@ -142,6 +151,11 @@ def test_speculative_options_of_the_llamacpp_runner_refused(models: dict[str, Pa
         speculative_run(
             models["target"], models["draft"], prompts_from_texts(PROMPTS, "t"), tmp_path / "s.arrow", SpeculateConfig(n_threads=2)
         )
+    assert not (tmp_path / "s.arrow").exists()
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a fine prompt\nx\n")
+    with pytest.raises(InputError, match="line 2: a prompt of 1 token"):
+        speculative_run(models["target"], models["draft"], load_prompts(prompts), tmp_path / "s.arrow")
     assert not (tmp_path / "s.arrow").exists()
 
 
@@ -302,3 +316,12 @@ def test_every_quantisation_of_mlx_lm_runs_and_holds_its_bytes() -> None:
     assert sorted({r["dtype"] for r in rows}) == sorted(f.lower() for f in MLX_FORMATS)
     by_format = {r["dtype"]: r["expert_bytes"] for r in rows}
     assert by_format["mxfp4"] < by_format["affine4"] < by_format["affine6"] < by_format["affine8"] < by_format["f32"]
+
+
+def test_sorted_rows_are_the_engines_family_on_each_backend() -> None:
+    from moesim.hw_profiles.engines import ENGINES
+    from moesim.hw_profiles.microbench.mlx_switch import FAMILIES, row_family
+
+    for backend_name, engine in (("cpu", "MLX CPU"), ("metal", "MLX")):
+        written = {row_family(family, backend_name) for family in FAMILIES}
+        assert written == set(ENGINES.create(engine).families())

@@ -65,6 +65,14 @@ MLX_FORMATS: dict[str, tuple[int, int, str] | None] = {
     "MXFP4": (32, 4, "mxfp4"),
 }
 FAMILIES = {"per_slot": False, "dedup_gather_sorted": True}  # family -> rows sorted by expert
+
+
+def row_family(family: str, backend_name: str) -> str:
+    """The family a row is written under: on Metal the sorted rows run `gather_qmm_rhs`, the engine
+    `MLX`'s `dedup_gather_qmm` (hw_profiles/engines/others.py); on the CPU the names above."""
+    return "dedup_gather_qmm" if backend_name == "metal" and FAMILIES[family] else family
+
+
 MLX_LM_SORT_SLOTS = 64  # SwitchGLU sorts when indices.size >= 64
 CHECK_TOLERANCE = {"F32": 1e-4, "quantized": 3e-2}  # max |y − y_mlx_lm| / max |y_mlx_lm|
 DEFAULT_SHAPES = (MoeShape("moesim-mlx-cpu-a", 256, 128, 32, 4, "F32"), MoeShape("moesim-mlx-cpu-b", 384, 192, 16, 2, "F32"))
@@ -312,7 +320,8 @@ def run_mlx_microbench(config: MlxBenchConfig, shapes: list[MoeShape], progress:
                             extra.update(reps_us_dense_L=twins[n]["L"], reps_us_dense_2L=twins[n]["2L"], layers_differenced=TWIN_LAYERS)
                         timing = summarize_times(samples)
                         timing = dataclasses.replace(timing, time_us=STATISTICS[config.statistic](samples))
-                        rows.append(measurement_row(kernel=family, engine=engine, device=device, shape=shape, routing=routing,
+                        kernel = row_family(family, backend())
+                        rows.append(measurement_row(kernel=kernel, engine=engine, device=device, shape=shape, routing=routing,
                                                     features=features, timing=timing, extra=extra))  # fmt: skip
                 say(f"{shape.model} {fmt} n = {n}: done ({time.monotonic() - started:.0f} s)")
             del glus

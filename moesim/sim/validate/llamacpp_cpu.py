@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
@@ -204,7 +204,36 @@ class MeasuredRuns:
     seconds: float = 0.0
 
 
-def measure(session: SpeculativeSession, token_lists: list[list[int]], config: CpuValidationConfig, say: Progress) -> MeasuredRuns:
+class PromptRunner(Protocol):
+    """What `measure` needs of a session (llama.cpp's `SpeculativeSession`, MLX's `MlxSpeculativeSession`)."""
+
+    def run_prompt(
+        self, tokens: list[int], draft_len: int, max_tokens: int, baseline: bool = True, check: Callable[[], None] | None = None
+    ) -> PromptSpeculation:
+        """One prompt's speculative decoding."""
+        ...
+
+
+class RunPlan(Protocol):
+    """What `measure` needs of a validation config (read-only, as frozen dataclasses are)."""
+
+    @property
+    def draft_lens(self) -> tuple[int, ...]:
+        """Draft lengths, interleaved within each repetition."""
+        ...
+
+    @property
+    def repetitions(self) -> int:
+        """Repetitions of every run."""
+        ...
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens generated per prompt at least."""
+        ...
+
+
+def measure(session: PromptRunner, token_lists: list[list[int]], config: RunPlan, say: Progress) -> MeasuredRuns:
     """Every draft length × repetition × prompt; draft lengths interleaved within each repetition."""
     started = time.monotonic()
     out = MeasuredRuns({k: [[] for _ in token_lists] for k in config.draft_lens})

@@ -192,7 +192,7 @@ def run_mlx_validation(
     prompts = load_prompts(out_dir / "prompts.txt")
     with _session(config, models_dir, say) as session:
         token_lists = [session.target.tokenize(p.text) for p in prompts.prompts]
-        measured = measure(session, token_lists, config, say)  # type: ignore[arg-type]  # any session with run_prompt
+        measured = measure(session, token_lists, config, say)
         spread = _write_runs(out_dir, measured, session, config)
     validation = analyze(out_dir, config)
     summary = _write_summary(

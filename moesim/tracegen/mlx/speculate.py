@@ -172,6 +172,9 @@ def speculative_run(
     session = MlxSpeculativeSession(target_path, draft_path)
     token_lists = [session.target.tokenize(p.text) for p in prompts.prompts]
     lines = [p.line for p in prompts.prompts]
+    for tokens, line in zip(token_lists, lines, strict=True):
+        if len(tokens) < 2:
+            raise InputError(f"{prompts.path}: line {line}: a prompt of {len(tokens)} token(s): mlx_lm's speculative decoding needs >= 2")
     check_context(session.target, token_lists, config.max_tokens + 2 * config.draft_len + 2, str(prompts.path), lines)
     meta = SpecRunMeta(
         geometry=session.geometry,

@@ -65,7 +65,7 @@ def runs(profile: str, fmt: str | None, accept_run: Path) -> list[list[str]]:
     return [
         ["predict", *base, "--max-pass", "3", "--json", *family, "--expert-parallel", "4", *link, "--all-reduce", "auto"],
         ["predict", *base, "--pass-sizes", "1,4", "--tensor-parallel", "2", *link, "--context-tokens", "256",
-         "--model", "deepseek-v2-lite"],
+         "--model", "deepseek-v2-lite", "--batch", "4"],
         ["best-draft", *base, "--alpha", "0.6", "--batch", "4", "--verdict", "--max-draft", "2"],
         ["best-draft", *base, "--drafter", TREE, "--alpha", "0.7", "--max-draft", "2", "--json", "--verdict", "--batch", "2"],
         ["best-draft", *base, "--drafter", "qwen3-0.6b", "--accept-len", "2.2@2", "--depth-rates", "0.8,0.6", "--max-draft", "2",
@@ -77,7 +77,8 @@ def runs(profile: str, fmt: str | None, accept_run: Path) -> list[list[str]]:
         ["batch", *base, "--alpha", "0.5", "--draft-len", "1", "--batch", "3", "--moesd-slots", "--routing", "uniform", "--drafter",
          "ngram:20", *family, "--context-tokens", "128", "--model", "deepseek-v2-lite"],
         ["crossover", *base, "--max-pass", "4", "--json", *dedup, "--expert-parallel", "2", *link],
-        ["crossover", *base, "--pass-sizes", "2,8", "--model", "deepseek-v2-lite", "--tensor-parallel", "2", *link, "--all-reduce", "auto"],
+        ["crossover", *base, "--pass-sizes", "2,8", "--model", "deepseek-v2-lite", "--tensor-parallel", "2", *link, "--all-reduce", "auto",
+         "--batch", "3"],
     ]  # fmt: skip
 
 
@@ -250,11 +251,21 @@ def test_batch_sizes_up_to_what_the_trace_allows(cli: Cli) -> None:
     """The built-in trace has 160 sequences: B = 160 batches whole sequences, B = 200 cuts each into
     segments (the longest still holds a verify pass of 2); a batch whose lanes cannot hold the
     verify pass is one line."""
+    code, out, err = cli("predict", "--trace", TRACE, "--profile", "nvidia-h200", "--pass-sizes", "1,2", "--json", "--batch", "160")
+    assert code == 0 and json.loads(out)["batch"] == 160, err
+    one = json.loads(cli("predict", "--trace", TRACE, "--profile", "nvidia-h200", "--pass-sizes", "1,2", "--json")[1])
+    assert all(b["time_us"] > a["time_us"] for a, b in zip(one["passes"], json.loads(out)["passes"], strict=True))
+    code, out, err = cli("crossover", "--trace", TRACE, "--profile", "nvidia-h200", "--pass-sizes", "1,4", "--json", "--batch", "160")
+    assert code == 0, err
+    share = json.loads(out)["byte_share"]
+    assert share[0] < 1.0 / 6  # 160 requests' slots land on at most 64 experts: u <= 64 / (160·6)
     base = ["--trace", TRACE, "--profile", "nvidia-h200", "--alpha", "0.7", "--json"]
     code, out, err = cli("best-draft", *base, "--batch", "160", "--verdict", "--max-draft", "1")
     assert code == 0, err
     assert json.loads(out)["batch"] == 160 and json.loads(out)["verdict"][0]["draft_len"] == 1
     code, out, err = cli("batch", *base, "--draft-len", "1", "--batch", "200")
     assert code == 0 and json.loads(out)["batches"][0]["batch"] == 200, err
+    code, out, err = cli("batch", *base, "--draft-len", "1", "--batch", "160", "--routing", "uniform")
+    assert code == 0 and json.loads(out)["batches"][0]["batch"] == 160, err
     code, _, err = cli("best-draft", *base, "--batch", "161", "--verdict", "--max-draft", "3")
     assert code == 2 and err.count("\n") == 1 and "too short for a batch of 161" in err, err

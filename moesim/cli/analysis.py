@@ -109,6 +109,7 @@ def predict_command(
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
     context_tokens: ContextOpt = 512,
+    batch: Annotated[int, typer.Option("--batch", help="Requests in each pass, n tokens each (B > 1: the union of their windows).")] = 1,
     as_json: JsonOpt = False,
     **options: Any,
 ) -> None:
@@ -116,12 +117,12 @@ def predict_command(
     from moesim.sim.analysis.predict import predict
 
     scenario = _scenario(trace, profile, family, model, "ngram", weight_format, context_tokens, options)
-    result = predict(scenario, max_pass, _sizes(sizes))
+    result = predict(scenario, max_pass, _sizes(sizes), batch)
     if emit_json(result, as_json):
         return
     render_table(
         result.table(),
-        title=f"Pass time T(n), family {result.family}, {_where(scenario, profile)}",
+        title=f"Pass time T(n){'' if batch == 1 else f' of {batch} requests'}, family {result.family}, {_where(scenario, profile)}",
         caption=f"interval = each rung's held-out ε (expert up to ±{100 * float(np.max(result.cost.expert_epsilon)):.1f} %, "
         f"dense ±{100 * result.cost.dense_epsilon:.1f} %; {result.cost.bound_basis}); time rests on: "
         f"{_provenance_line(result.cost.provenance_share())}; expert time by rung: {_provenance_line(result.cost.rung_share())}",
@@ -207,6 +208,7 @@ def crossover_command(
     sizes: SizesOpt = None,
     model: ModelOpt = None,
     weight_format: FormatOpt = None,
+    batch: Annotated[int, typer.Option("--batch", help="Requests in each pass, n tokens each (u = U / (B·n·K)).")] = 1,
     as_json: JsonOpt = False,
     **options: Any,
 ) -> None:
@@ -214,7 +216,7 @@ def crossover_command(
     from moesim.sim.analysis.crossover import crossover_analysis
 
     scenario = _scenario(trace, profile, "per_slot", model, "ngram", weight_format, 0, options)
-    result = crossover_analysis(scenario, dedup_family, max_pass, _sizes(sizes))
+    result = crossover_analysis(scenario, dedup_family, max_pass, _sizes(sizes), batch)
     if emit_json(result, as_json):
         return
     render_table(

@@ -131,7 +131,7 @@ def batch_analysis(
         raise InputError(f"batch sizes must be >= 1, got {batches}")
     if routing not in ("trace", "uniform"):
         raise InputError(f"routing must be 'trace' or 'uniform', got '{routing}'")
-    trace = scenario.trace if routing == "trace" else uniform_twin(scenario.trace, scenario.model.preset)
+    trace = scenario.trace if routing == "trace" else uniform_twin(scenario.trace, scenario.model.preset, batch=max(batches))
     tree = scenario.drafter.tree
     if moesd_slots and not tree.is_chain:
         raise InputError("--moesd-slots verifies gamma = k slots of a chain; the drafter has a tree")

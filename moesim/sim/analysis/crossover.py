@@ -13,6 +13,8 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.kernels.features import uniform_distinct_experts
+from moesim.sim.analysis.batch import union_pass_cost
+from moesim.sim.analysis.ranks import SAMPLED_WINDOWS, mean_costs
 from moesim.sim.analysis.scenario import (
     Scenario,
     expected_costs,
@@ -143,10 +145,22 @@ def default_dedup_family(scenario: Scenario) -> str:
     return profile.dedup_families[0] if profile.dedup_families else "dedup"
 
 
+def _batched_times(
+    scenario: Scenario, family: str, trace: Trace, sizes: np.ndarray, batch: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One family's expert time per pass size for passes of `batch` requests of n tokens each (the
+    trace's batch windows, `batch.union_pass_cost`), and their mean distinct experts per layer."""
+    batched = dataclasses.replace(scenario, model=dataclasses.replace(scenario.model, engine=family))
+    passes = [union_pass_cost(batched, trace, batch, int(n), SAMPLED_WINDOWS) for n in sizes]
+    cost = mean_costs([c for c, _, _ in passes])
+    return cost.expert_us, cost.expert_epsilon, cost.extrapolation, np.array([float(np.mean(d)) for _, d, _ in passes])
+
+
 def crossover_analysis(
-    scenario: Scenario, dedup_family: str | None = None, max_pass: int = 32, sizes: list[int] | None = None
+    scenario: Scenario, dedup_family: str | None = None, max_pass: int = 32, sizes: list[int] | None = None, batch: int = 1
 ) -> Crossover:
-    """Where the dedup family's expert time drops below per-slot's, from the trace and from uniform routing."""
+    """Where the dedup family's expert time drops below per-slot's, from the trace and from uniform
+    routing; `batch` B > 1: passes of B requests of n tokens each (u = U / (B·n·K))."""
     profile = scenario.model.profile
     dedup_family = dedup_family or default_dedup_family(scenario)
     if dedup_family not in profile.dedup_families:
@@ -156,13 +170,20 @@ def crossover_analysis(
     check_engine(profile, "per_slot")
     n = pass_sizes(max_pass, sizes)
     g = scenario.trace.meta.geometry
-    twin = uniform_twin(scenario.trace, scenario.model.preset)
+    twin = uniform_twin(scenario.trace, scenario.model.preset, batch=batch)
     result = {}
+    if batch < 1:
+        raise InputError(f"batch must be >= 1, got {batch}")
     for label, trace in (("trace", scenario.trace), ("uniform", twin)):
-        distributions = window_distributions(trace, n)
-        ps, eps_ps, x_ps = _expert_times(scenario, "per_slot", distributions, trace, n)
-        dd, eps_dd, x_dd = _expert_times(scenario, dedup_family, distributions, trace, n)
-        share = mean_distinct_experts(trace, n, distributions) / (n * g.top_k)
+        if batch == 1:
+            distributions = window_distributions(trace, n)
+            ps, eps_ps, x_ps = _expert_times(scenario, "per_slot", distributions, trace, n)
+            dd, eps_dd, x_dd = _expert_times(scenario, dedup_family, distributions, trace, n)
+            share = mean_distinct_experts(trace, n, distributions) / (n * g.top_k)
+        else:
+            ps, eps_ps, x_ps, distinct = _batched_times(scenario, "per_slot", trace, n, batch)
+            dd, eps_dd, x_dd, _ = _batched_times(scenario, dedup_family, trace, n, batch)
+            share = distinct / (batch * n * g.top_k)
         result[label] = (ps, dd, eps_ps, eps_dd, share, np.maximum(x_ps, x_dd))
     ps, dd, eps_ps, eps_dd, share, factor = result["trace"]
     window = win_window(n, ps, dd)

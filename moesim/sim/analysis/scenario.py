@@ -152,11 +152,12 @@ def mean_distinct_experts(trace: Trace, sizes: np.ndarray, distributions: list[t
     )
 
 
-def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0) -> Trace:
-    """A uniform-routing trace of the same geometry and sequence lengths (for comparison)."""
+def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0, batch: int = 1) -> Trace:
+    """A uniform-routing trace of the same geometry and sequence lengths (for comparison), with
+    sequences enough for batches of `batch` requests."""
     lengths = trace.seq_lengths()
     tokens = int(min(lengths.max(), 4096))
-    seqs = max(1, min(int(lengths.sum()) // tokens, 16))
+    seqs = max(1, min(int(lengths.sum()) // tokens, 16), min(batch, lengths.size))
     return synthesize(preset, Uniform(), tokens, seqs, seed, trace.meta.geometry.weight_format)
 
 

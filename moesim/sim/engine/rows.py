@@ -95,7 +95,7 @@ def token_time_us(value: float, metric: str) -> float:
     metric = metric.lower()
     if "tpot" in metric:
         return 1e3 * value
-    if re.search(r"tok|t/s|tps", metric) and "ratio" not in metric:
+    if re.search(r"tok|t/s|tps", metric) and not re.search(r"\bratio\b", metric):
         return 1e6 / value
     raise ConfigError(f"speculative-run metric '{metric}' is not a rate or a time per token")
 
@@ -196,7 +196,7 @@ def run_reason(record: dict) -> str:
         return "concurrency not stated (baselines of 1.2-3.7k tok/s: many requests in flight); no MI300X in the catalog"
     if "hybrid" in target or "GDN" in target:
         return "dense-FFN hybrid with Gated DeltaNet attention: verify rolls back recurrent state, no preset"
-    if "ratio" in record["metric"]:
+    if re.search(r"\bratio\b", record["metric"]):
         return "speedup ratios read from figures, no acceptance, tensor parallel over 4 devices"
     if device.startswith("NA") or device.startswith("2 GPUs") or device.startswith("one 24GB"):
         return "device not named in the source"

@@ -45,7 +45,7 @@ class StepDescription:
     context_tokens: int = 0
     eager: bool | None = None
     tokens_per_sequence: int = 0  # 0: the row's tokens_per_pass
-    expanded: bool = False  # vLLM V0's batch expansion: every scored token its own sequence
+    expanded: bool | None = None  # every scored token its own sequence; None: as the engine scores (vLLM V0's batch expansion)
     note: str = ""
 
 
@@ -142,13 +142,14 @@ def describe(steps_table: Path = STEPS_TABLE, runs_table: Path = RUNS_TABLE, des
         batch = _int(record["batch"], 1)
         per_pass = _int(record["tokens_per_pass"], 1)
         tokens = batch * (d.tokens_per_sequence or per_pass)  # type: ignore[attr-defined]
+        expanded = d.expanded if d.expanded is not None else ENGINE_HOSTS[key].scoring == "batch-expansion" and tokens > batch  # type: ignore[attr-defined]
         steps.append(
             {
                 "row": i, "source_url": record["source_url"], "engine": record["engine"], "engine_key": key,
                 "device_key": d.device, "preset": d.preset, "weight_format": d.weight_format,  # type: ignore[attr-defined]
                 "tp": _int(record["tp"], 1), "batch": batch, "tokens_per_forward": tokens,
                 "context_tokens": d.context_tokens, "eager": _eager(d, record, key, tokens),  # type: ignore[arg-type, attr-defined]
-                "sequences": tokens if d.expanded else batch, "verified_tokens": tokens if d.expanded else 0,  # type: ignore[attr-defined]
+                "sequences": tokens if expanded else batch, "verified_tokens": tokens if expanded else 0,
                 "time_us": forward_time_us(float(record["value"]), record["unit"], per_pass),
             }
         )  # fmt: skip

@@ -162,7 +162,10 @@ def serve(
     """Run up to max_iters server iterations (see the module docstring); returns (status, iterations, clock).
     cfg = k, k cap, token budget, chunked, windows, verify tokens k + 1 (1) or max(k, 1) (0), table
     mode, KV block tokens, extended, max batch, closed, total requests, region rows, region stride,
-    open loop (arrivals the lane's), the most requests it issues (0: unbounded)."""
+    open loop (arrivals the lane's), the most requests it issues (0: unbounded).
+    tables = (verify, draft) µs per pass size in table mode; in trace mode (verify unused) the
+    engine's overhead O of a drafting iteration, flat at longest·(max batch·(k cap + 1) + 1) +
+    the live requests' verified tokens, one zero without engine terms: `custody._overhead_table`."""
     k_fixed, k_cap, budget, chunked, windows, extra, table_mode, block = cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7]
     extended, max_batch, closed, total, region_rows, stride = cfg[8], cfg[9], cfg[10], cfg[11], cfg[12], cfg[13]
     open_loop, limit = cfg[14], cfg[15]
@@ -370,7 +373,10 @@ def serve(
                 if n_live:
                     distinct = out[1]
                 if longest and draft_tab.shape[0] > 1:  # the engine's overhead of a drafting iteration (a free drafter's)
-                    draft = draft_tab[longest * (max_batch * (k_cap + 1) + 1) + k_sum + n]
+                    verified = n_live
+                    for i in range(n_live):
+                        verified += live_ks[i]
+                    draft = draft_tab[longest * (max_batch * (k_cap + 1) + 1) + verified]
         delay = prefill_us + draft + verify
         if extended:
             delay = delay + swap

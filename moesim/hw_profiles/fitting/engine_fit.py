@@ -69,8 +69,16 @@ def _main_families(rows: list[PassRow]) -> list[str]:
     return sorted(counts, key=lambda f: (-counts[f], f))
 
 
-def build_design(rows: list[PassRow], engine: Engine) -> Design:
-    """The design of the rows: candidate columns in priority order, ties, separability."""
+def term_kind(name: str) -> str:
+    """What a column's coefficient prices: 'bytes' (1 / bandwidth), 'compute' (1 / FLOP rate) or a time."""
+    term = name.split(".", 1)[1].split("@")[0].split("[")[0]
+    return term if term in ("bytes", "compute") else "compute" if term == "tile" else "time"
+
+
+def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarray] | None = None) -> Design:
+    """The design of the rows: candidate columns in priority order, ties, separability. `scales`
+    multiplies each row's columns by kind (`term_kind`: 'bytes', 'compute', 'time'), e.g. by the
+    inverse of the row's device peaks, so that one coefficient serves devices of different datasheets."""
     structures = {k.family: k.structure for k in engine.kernels}
     experts = [expert_columns(row, structures) for row in rows]
     dense = np.array([row.dense_work() for row in rows])
@@ -109,6 +117,8 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
         if len(formats) >= 2:
             candidates += [(f"{family}.bytes[{fmt}]", np.array([c.get(f"{family}.bytes[{fmt}]", 0.0) for c in experts])) for fmt in formats]
     candidates.append((DENSE_COMPUTE, dense[:, 1] + dense[:, 2]))
+    if scales is not None:
+        candidates = [(name, column * scales[term_kind(name)]) for name, column in candidates]
     measured = np.array([r.time_us for r in rows])
     chosen: list[tuple[str, np.ndarray]] = []
     basis: list[np.ndarray] = []
@@ -132,20 +142,48 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
             index = names.index(partner)
             chosen[index] = (partner, chosen[index][1] + column)
             ties[DENSE_COMPUTE] = partner
-            notes.append(f"the rows do not separate the dense FLOP rate from {partner}: one rate for both")
+            notes.append(f"the rows do not tell the dense FLOP rate from {describe_term(partner, eras)}: one rate for both")
         else:
-            merged.append(f"{name} (in {_nearest(unit, chosen, measured)})")
+            carried = " and ".join(describe_term(n, eras) for n in _nearest(unit, chosen, measured))
+            merged.append(f"{describe_term(name, eras)} (carried by {carried})")
     if merged:
-        notes.append("terms the rows do not separate from others (what they are absorbed in): " + "; ".join(merged))
+        notes.append("the rows do not tell these terms from others, so they are 0 and the terms named carry them: " + "; ".join(merged))
     names = tuple(n for n, _ in chosen)
     return Design(names, np.column_stack([c for _, c in chosen]), tuple(notes), stream, ties, tuple(eras))
 
 
-def _nearest(unit: np.ndarray, chosen: list[tuple[str, np.ndarray]], measured: np.ndarray) -> str:
+def _nearest(unit: np.ndarray, chosen: list[tuple[str, np.ndarray]], measured: np.ndarray) -> list[str]:
     """The (at most two) chosen columns that carry most of a dependent column."""
     columns = np.column_stack([c / measured / np.linalg.norm(c / measured) for _, c in chosen])
     weights = np.abs(np.linalg.lstsq(columns, unit, rcond=None)[0])
-    return ", ".join(chosen[i][0] for i in np.argsort(-weights)[:2] if weights[i] > 1e-6)
+    return [chosen[i][0] for i in np.argsort(-weights)[:2] if weights[i] > 1e-6]
+
+
+_TERM_WORDS = {
+    "fixed": "{f}'s fixed time per layer",
+    "bytes": "{f}'s bandwidth",
+    "compute": "{f}'s FLOP rate",
+    "tile": "{f}'s rate per token tile",
+    "per_expert": "{f}'s time per used expert",
+    "per_slot": "{f}'s time per token slot",
+}
+
+
+def describe_term(name: str, eras: list[str]) -> str:
+    """A coefficient's name in words: 'per_slot.fixed@<build>' -> "per_slot's fixed time per layer (build <build>)"."""
+    name, _, era = name.partition("@")
+    family, _, term = name.partition(".")
+    if name == PASS_FIXED:
+        words = "the fixed time per pass"
+    elif name == DENSE_COMPUTE:
+        words = "the dense FLOP rate"
+    elif "[" in term:
+        words = f"{family}'s extra time per byte of {term.split('[')[1][:-1]} weights (their dequantisation)"
+    else:
+        words = _TERM_WORDS.get(term, "{f}'s " + term).format(f=family)
+    if era and len(eras) > 1:
+        words += f" (build {'of this run' if era.startswith('unknown') else era})"
+    return words
 
 
 def _rate(coefficient: float, unit: float) -> float:
@@ -179,17 +217,14 @@ class Coefficients:
         return self.values.get(name, 0.0)
 
 
-def fit_coefficients(rows: list[PassRow], engine: Engine, roofline: Roofline) -> Coefficients:
+def fit_coefficients(rows: list[PassRow], engine: Engine, roofline: Roofline, scales: dict[str, np.ndarray] | None = None) -> Coefficients:
     """Separable design, then NNLS on relative residuals with every bytes coefficient at least
-    1 / peak bandwidth (no family streams faster than the device's memory)."""
-    design = build_design(rows, engine)
+    1 / peak bandwidth (no family streams faster than the device's memory; with `scales`, whose
+    bytes columns are µs at each row's peak, at least 1)."""
+    design = build_design(rows, engine, scales)
     ordered = design.stream_family == "per_slot"
-    floor = np.array(
-        [
-            1.0 / (roofline.peak_bandwidth_gbps * 1e3) if name.endswith(".bytes") and (not ordered or name == "per_slot.bytes") else 0.0
-            for name in design.names
-        ]
-    )
+    least = 1.0 if scales is not None else 1.0 / (roofline.peak_bandwidth_gbps * 1e3)
+    floor = np.array([least if name.endswith(".bytes") and (not ordered or name == "per_slot.bytes") else 0.0 for name in design.names])
     theta = solve_relative(design.matrix, np.array([r.time_us for r in rows]), offset_us=design.matrix @ floor) + floor
     return Coefficients(design, dict(zip(design.names, (float(t) for t in theta), strict=True)))
 
@@ -247,11 +282,17 @@ def single_token_order(
 
 
 def _range(rows: list[PassRow]) -> CalibratedRange:
+    """The inputs the rows measured: their sizes and shapes; for the routing features, every value a
+    routing can give at the sizes measured (the rows route at random, a trace routes otherwise: a
+    measured size is inside the range whatever its routing; k to min(E, n·k) distinct experts, 1 to
+    n tokens on the busiest)."""
     inputs = [ExpertInputs.of(uniform_features(r.n_tokens, r.experts, r.top_k), r.shape) for r in rows]
     bounds = {}
-    for name in ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert", "expert_bytes", "hidden", "intermediate"):
+    for name in ("n_tokens", "slots", "expert_bytes", "hidden", "intermediate"):
         values = [float(x.field(name)) for x in inputs]
         bounds[name] = (min(values), max(values))
+    bounds["distinct_experts"] = (float(min(r.top_k for r in rows)), float(max(min(r.experts, r.n_tokens * r.top_k) for r in rows)))
+    bounds["max_tokens_per_expert"] = (1.0, float(max(r.n_tokens for r in rows)))
     return CalibratedRange(bounds)
 
 

@@ -1,0 +1,130 @@
+"""The pooled engine fit judged on what it never saw, in the splits of `engine_validation`.
+
+Leave one model out: on a device with two or more models, each model's rows predicted by the
+engine's fit over every other row (every other device's, and this device's other models', which
+also give the device its factor). Leave one device out: a device's rows predicted by the fit over
+the other devices of its engine, at the device's datasheet with factor 1, from its like devices
+(same vendor, same generation or one apart: `like`), from all of them, and from each unlike
+device alone. A device's transfer uncertainty is what the held-out devices of its engine show:
+the largest p90 error among them, per likeness (`transfer_bounds`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moesim.hw_profiles.catalog import DeviceSpec
+from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE
+from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
+from moesim.hw_profiles.fitting.pooled.engine_pool import DeviceRows, device_rows, fit_pool
+
+# Generations per vendor (an index: one apart = neighbours). NVIDIA: Pascal 2016, Volta 2017, Turing
+# 2018, Ampere 2020, Ada and Hopper 2022, Blackwell 2025; AMD: GCN 5 (Vega 20) 2018, CDNA 2020,
+# RDNA 3 2022; Apple: the M generation in the device's name.
+GENERATION = {"pascal": 0, "volta": 1, "turing": 2, "ampere": 3, "ada": 4, "hopper": 4, "blackwell": 5, "gcn": 0, "cdna": 1, "rdna3": 2}
+
+
+def vendor(spec: DeviceSpec) -> str:
+    """The vendor of a catalog device (its key's first word)."""
+    return spec.key.split("-", 1)[0]
+
+
+def generation(spec: DeviceSpec) -> int:
+    """The device's generation index within its vendor."""
+    apple = re.match(r"apple-m(\d+)", spec.key)
+    return int(apple[1]) if apple else GENERATION.get(spec.architecture, -10)
+
+
+def like(a: DeviceSpec, b: DeviceSpec) -> bool:
+    """Same vendor, same generation or one apart."""
+    return vendor(a) == vendor(b) and abs(generation(a) - generation(b)) <= 1
+
+
+def engine_parts(engine: str, table: Path = PUBLIC_TABLE, eras: str = "build") -> list[DeviceRows]:
+    """Every device (built-in and judging-only recipes) of one engine, with its rows."""
+    return [device_rows(item, table, eras) for item in all_recipes() if item.engine == engine]
+
+
+def engines(table: Path = PUBLIC_TABLE) -> list[str]:
+    """The engines with two or more devices of rows, in recipe order."""
+    names = [item.engine for item in all_recipes()]
+    return [name for name in dict.fromkeys(names) if names.count(name) >= 2]
+
+
+def leave_one_model_out(parts: list[DeviceRows], target: DeviceRows) -> Judged | None:
+    """Each model of the target's rows predicted by the pooled fit without that model on that device."""
+    models = list(dict.fromkeys(r.model for r in target.rows))
+    if len(models) < 2:
+        return None
+    predicted = np.full(len(target.rows), np.nan)
+    for model in models:
+        held = np.array([r.model == model for r in target.rows])
+        train = [(p, [r for r in p.rows if p is not target or r.model != model]) for p in parts]
+        pool = fit_pool(train)
+        predicted[held] = pool.predict(target, [r for r, h in zip(target.rows, held, strict=True) if h])
+    return Judged(target.recipe.name, "leave one model out", "pooled, other models", list(target.rows), predicted)
+
+
+def leave_one_device_out(sources: list[DeviceRows], target: DeviceRows, label: str) -> Judged | None:
+    """The target's rows predicted by the pooled fit over the sources, at its datasheet (factor 1)."""
+    sources = [p for p in sources if p is not target]
+    if not sources:
+        return None
+    pool = fit_pool([(p, list(p.rows)) for p in sources])
+    return Judged(target.recipe.name, "leave one device out", label, list(target.rows), pool.predict(target, target.rows))
+
+
+KINDS = ("like", "all", "unlike")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One held-out device: its predictions and from what: `like` devices pooled, `all` other
+    devices pooled, or one `unlike` device alone."""
+
+    judged: Judged
+    kind: str
+
+    def p90(self) -> float:
+        """The p90 absolute relative error of its predicted rows (NaN when none)."""
+        stats = self.judged.stats()
+        return float("nan") if stats is None else stats.p90
+
+
+def transfers(parts: list[DeviceRows]) -> list[Transfer]:
+    """Per target: from its like devices (pooled), from all others (pooled), from each unlike device alone."""
+    out = []
+    for target in parts:
+        others = [p for p in parts if p is not target]
+        alike = [p for p in others if like(p.spec, target.spec)]
+        sources = [("like", alike, "like: " + ", ".join(p.recipe.name for p in alike))] if alike else []
+        if len(others) > len(alike):
+            sources.append(("all", others, "all other devices"))
+        sources += [("unlike", [p], p.recipe.name) for p in others if p not in alike]
+        for kind, pooled, label in sources:
+            judged = leave_one_device_out(pooled, target, label)
+            if judged is not None:
+                out.append(Transfer(judged, kind))
+    return out
+
+
+def transfer_bounds(found: list[Transfer]) -> dict[str, float]:
+    """The stated transfer uncertainty per kind: the largest p90 error of the held-out devices."""
+    bounds = {}
+    for kind in KINDS:
+        values = [t.p90() for t in found if t.kind == kind and np.isfinite(t.p90())]
+        if values:
+            bounds[kind] = max(values)
+    return bounds
+
+
+def medians(judged: Judged) -> tuple[float, float]:
+    """(median |error| of the time per pass, median |error| of T(n)/T(n0)); NaN where none."""
+    errors = np.abs(judged.errors())
+    errors = errors[np.isfinite(errors)]
+    ratios = np.abs(ratio_errors(judged))
+    return (float(np.median(errors)) if errors.size else float("nan"), float(np.median(ratios)) if ratios.size else float("nan"))

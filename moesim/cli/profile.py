@@ -101,10 +101,13 @@ def profile_import(
 ) -> None:
     """Read a benchmark's output into a measurement table with each row's scope (one op, or a whole pass)."""
     from moesim.atomic import check_writable
-    from moesim.hw_profiles.importers import ImportOptions, import_table, parse_rows, write_table
+    from moesim.hw_profiles.importers import ImportOptions, choose_variant, import_table, parse_rows, write_table
 
     check_writable(out)
     options = ImportOptions(model, device, weight_format, tuple(filters or ()), parse_rows(rows) if rows else None)
+    options, note = choose_variant(output, table_format, options)
+    if note:
+        console.print(note, markup=False)
     fmt, frame = import_table(output, table_format, options)
     write_table(frame, out)
     console.print(f"wrote {out}: {frame.height} rows of {fmt} output ({', '.join(sorted(set(frame['scope'].to_list())))} scope)")

@@ -355,6 +355,11 @@ def profile_of(
         )
         section_sources["families.dense"] = frame.calibration
         section_sources["pass"] = frame.calibration
+        notes.append(
+            "the fixed time per pass is what the whole passes cost beyond the preset's attention, dense and shared weights, "
+            "routed experts and LM head at the fitted rates (launches, synchronisation, ops not counted): the engine's time "
+            "per forward, fitted per build so that it is not fitted into the expert terms"
+        )
     return HardwareProfile(
         name=frame.name,
         description=frame.description,

@@ -6,7 +6,8 @@ also give the device its factor). Leave one device out: a device's rows predicte
 the other devices of its engine, at the device's datasheet with factor 1, from its like devices
 (same vendor, same generation or one apart: `like`), from all of them, and from each unlike
 device alone. A device's transfer uncertainty is what the held-out devices of its engine show:
-the largest p90 error among them, per likeness (`transfer_bounds`).
+the largest p90 error among them, per likeness (`transfer_bounds` for the pooled fit,
+`pair_bounds` for the datasheet scaling of one device's fit that the scaled built-ins use).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from moesim.hw_profiles.catalog import DeviceSpec
+from moesim.hw_profiles.catalog import DeviceSpec, catalog
 from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE
+from moesim.hw_profiles.fitting.engine_fit import EngineFit
 from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
+from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as pairwise_out
 from moesim.hw_profiles.fitting.pooled.engine_pool import DeviceRows, device_rows, fit_pool
 
 # Generations per vendor (an index: one apart = neighbours). NVIDIA: Pascal 2016, Volta 2017, Turing
@@ -128,3 +131,44 @@ def medians(judged: Judged) -> tuple[float, float]:
     errors = errors[np.isfinite(errors)]
     ratios = np.abs(ratio_errors(judged))
     return (float(np.median(errors)) if errors.size else float("nan"), float(np.median(ratios)) if ratios.size else float("nan"))
+
+
+@dataclass(frozen=True)
+class PairBound:
+    """The transfer uncertainty of an engine between like or unlike devices: the largest p90 error
+    over the held-out pairs (a device's rows predicted by another's fit scaled by datasheet)."""
+
+    engine: str
+    kind: str
+    bound: float
+    pairs: int
+
+    def note(self) -> str:
+        """Where the number comes from, in words."""
+        alike = "like devices (same vendor, same generation or one apart)" if self.kind == "like" else "unlike devices"
+        return (
+            f"relative transfer uncertainty {self.bound:.2f}: the largest p90 error of {self.pairs} held-out pairs of {alike} "
+            f"of {self.engine} in the shared public table (one device's rows predicted by another's fit scaled by datasheet)"
+        )
+
+
+def pair_bounds(fits: dict[str, EngineFit]) -> dict[tuple[str, str], PairBound]:
+    """Per engine and likeness ('like', 'unlike'), the bound of today's datasheet scaling (pairwise)."""
+    recipes = [item for item in all_recipes() if item.name in fits]
+    specs = catalog()
+    errors: dict[tuple[str, str], list[float]] = {}
+    for target in recipes:
+        for source in recipes:
+            if source.name == target.name or source.engine != target.engine:
+                continue
+            stats = pairwise_out(target, source, fits[source.name]).stats()
+            if stats is not None:
+                kind = "like" if like(specs[target.device], specs[source.device]) else "unlike"
+                errors.setdefault((target.engine, kind), []).append(stats.p90)
+    return {key: PairBound(key[0], key[1], max(values), len(values)) for key, values in errors.items()}
+
+
+def stated_transfer(bounds: dict[tuple[str, str], PairBound], engine: str, alike: bool) -> PairBound | None:
+    """The bound a profile scaled within an engine states: its likeness's, else the engine's other one."""
+    kinds = ("like", "unlike") if alike else ("unlike", "like")
+    return next((bounds[(engine, kind)] for kind in kinds if (engine, kind) in bounds), None)

@@ -59,6 +59,8 @@ class DeviceRows:
 @cache
 def device_rows(item: Recipe, table: Path = PUBLIC_TABLE, eras: str = "build") -> DeviceRows:
     """A recipe's rows, each labelled with its build (`eras="build"`) or its dispatch era."""
+    if eras not in ERAS:
+        raise InputError(f"build eras are one of {', '.join(ERAS)}, got '{eras}'")
     rows = recipe_rows(item, table)
     if eras == "dispatch":
         era_of = {g.build: g.era for g in item.groups}

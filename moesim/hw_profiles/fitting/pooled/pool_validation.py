@@ -5,9 +5,10 @@ engine's fit over every other row (every other device's, and this device's other
 also give the device its factor). Leave one device out: a device's rows predicted by the fit over
 the other devices of its engine, at the device's datasheet with factor 1, from its like devices
 (same vendor, same generation or one apart: `like`), from all of them, and from each unlike
-device alone. A device's transfer uncertainty is what the held-out devices of its engine show:
-the largest p90 error among them, per likeness (`transfer_bounds` for the pooled fit,
-`pair_bounds` for the datasheet scaling of one device's fit that the scaled built-ins use).
+device alone (`bench/validate_engine_transfer.py` prints them). A scaled profile's transfer
+uncertainty is what held-out devices of its engine show: the largest p90 error between like, else
+unlike, devices of the datasheet scaling of one device's fit that the scaled built-ins use
+(`pair_bounds`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from moesim.hw_profiles.catalog import DeviceSpec, catalog
 from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE
 from moesim.hw_profiles.fitting.engine_fit import EngineFit
-from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
+from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as pairwise_out
 from moesim.hw_profiles.fitting.pooled.engine_pool import DeviceRows, device_rows, fit_pool
 
@@ -52,12 +53,6 @@ def engine_parts(engine: str, table: Path = PUBLIC_TABLE, eras: str = "build") -
     return [device_rows(item, table, eras) for item in all_recipes() if item.engine == engine]
 
 
-def engines(table: Path = PUBLIC_TABLE) -> list[str]:
-    """The engines with two or more devices of rows, in recipe order."""
-    names = [item.engine for item in all_recipes()]
-    return [name for name in dict.fromkeys(names) if names.count(name) >= 2]
-
-
 def leave_one_model_out(parts: list[DeviceRows], target: DeviceRows) -> Judged | None:
     """Each model of the target's rows predicted by the pooled fit without that model on that device."""
     models = list(dict.fromkeys(r.model for r in target.rows))
@@ -79,58 +74,6 @@ def leave_one_device_out(sources: list[DeviceRows], target: DeviceRows, label: s
         return None
     pool = fit_pool([(p, list(p.rows)) for p in sources])
     return Judged(target.recipe.name, "leave one device out", label, list(target.rows), pool.predict(target, target.rows))
-
-
-KINDS = ("like", "all", "unlike")
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One held-out device: its predictions and from what: `like` devices pooled, `all` other
-    devices pooled, or one `unlike` device alone."""
-
-    judged: Judged
-    kind: str
-
-    def p90(self) -> float:
-        """The p90 absolute relative error of its predicted rows (NaN when none)."""
-        stats = self.judged.stats()
-        return float("nan") if stats is None else stats.p90
-
-
-def transfers(parts: list[DeviceRows]) -> list[Transfer]:
-    """Per target: from its like devices (pooled), from all others (pooled), from each unlike device alone."""
-    out = []
-    for target in parts:
-        others = [p for p in parts if p is not target]
-        alike = [p for p in others if like(p.spec, target.spec)]
-        sources = [("like", alike, "like: " + ", ".join(p.recipe.name for p in alike))] if alike else []
-        if len(others) > len(alike):
-            sources.append(("all", others, "all other devices"))
-        sources += [("unlike", [p], p.recipe.name) for p in others if p not in alike]
-        for kind, pooled, label in sources:
-            judged = leave_one_device_out(pooled, target, label)
-            if judged is not None:
-                out.append(Transfer(judged, kind))
-    return out
-
-
-def transfer_bounds(found: list[Transfer]) -> dict[str, float]:
-    """The stated transfer uncertainty per kind: the largest p90 error of the held-out devices."""
-    bounds = {}
-    for kind in KINDS:
-        values = [t.p90() for t in found if t.kind == kind and np.isfinite(t.p90())]
-        if values:
-            bounds[kind] = max(values)
-    return bounds
-
-
-def medians(judged: Judged) -> tuple[float, float]:
-    """(median |error| of the time per pass, median |error| of T(n)/T(n0)); NaN where none."""
-    errors = np.abs(judged.errors())
-    errors = errors[np.isfinite(errors)]
-    ratios = np.abs(ratio_errors(judged))
-    return (float(np.median(errors)) if errors.size else float("nan"), float(np.median(ratios)) if ratios.size else float("nan"))
 
 
 @dataclass(frozen=True)

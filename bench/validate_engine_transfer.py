@@ -1,11 +1,11 @@
-"""Engine profiles that transfer (issue 25): today's per-device fits against the pooled engine fit,
+"""Engine profiles that transfer (issue 25): the per-device fits against the pooled engine fit,
 in the splits of docs/validation.md (it prints the tables of its section "Engine profiles that
 transfer").
 
     .venv/bin/python bench/validate_engine_transfer.py        # ≈ 3 min
 
 Leave one model out on every device with two or more models; leave one device out within each
-engine between like devices (same vendor, same generation or one apart): today's fit of one
+engine between like devices (same vendor, same generation or one apart): the fit of one
 device scaled by datasheet, and the pooled fit of the engine over the like devices (and over all
 other devices); unlike pairs with their error and the transfer uncertainty a profile scaled
 between them states (`pool_validation.pair_bounds`). Errors: absolute relative errors of the
@@ -67,9 +67,9 @@ def main() -> None:
     parts = {engine: engine_parts(engine, eras=ERAS) for engine in engines}
     by_name = {p.recipe.name: p for ps in parts.values() for p in ps}
 
-    print("#### Leave one model out: today's per-device fit against the pooled engine fit\n")
+    print("#### Leave one model out: the per-device fit against the pooled engine fit\n")
     print(
-        "| device | today: rows | today: time per pass % | today: T(n)/T(n0) % | pooled: rows | pooled: time per pass % "
+        "| device | per device: rows | per device: time per pass % | per device: T(n)/T(n0) % | pooled: rows | pooled: time per pass % "
         "| pooled: T(n)/T(n0) % |"
     )
     print("|---|---|---|---|---|---|---|")
@@ -83,7 +83,7 @@ def main() -> None:
         if pooled is not None:
             pooled_all.append(pooled)
         print(f"| {item.name} | {_cells(today)} | {_cells(pooled)} |")
-    print(f"\nAll devices: today {_medians(today_all)}; pooled {_medians(pooled_all)}.")
+    print(f"\nAll devices: per device {_medians(today_all)}; pooled {_medians(pooled_all)}.")
 
     print("\n#### Leave one device out between like devices\n")
     print("| target | from | rows | time per pass: median / p90 % | T(n)/T(n0): median / p90 % |")
@@ -97,7 +97,7 @@ def main() -> None:
             for source in alike:
                 judged = scaled_out(target.recipe, source.recipe, fits[source.recipe.name])
                 today_like.append(judged)
-                print(f"| {target.recipe.name} | today: {source.recipe.name} scaled | {_cells(judged)} |")
+                print(f"| {target.recipe.name} | per device: {source.recipe.name} scaled | {_cells(judged)} |")
             pooled = leave_one_device_out(alike, target, "like")
             if pooled is not None:
                 pooled_like.append(pooled)
@@ -106,7 +106,7 @@ def main() -> None:
             if len(others) > len(alike):
                 every = leave_one_device_out(others, target, "all")
                 print(f"| {target.recipe.name} | pooled: all {len(others)} other devices | {_cells(every)} |")
-    print(f"\nLike pairs: today {_medians(today_like)}; pooled {_medians(pooled_like)}.")
+    print(f"\nLike pairs: per device {_medians(today_like)}; pooled {_medians(pooled_like)}.")
 
     bounds = pair_bounds(fits)
     print("\n#### Unlike pairs: error and the stated transfer uncertainty\n")

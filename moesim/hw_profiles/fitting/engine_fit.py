@@ -38,7 +38,7 @@ from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.engines import Engine
 from moesim.hw_profiles.families import CalibratedRange, DenseFamily, ExpertFamily, ExpertInputs, Roofline
 from moesim.hw_profiles.fitting.family_fit import solve_relative
-from moesim.hw_profiles.fitting.whole_pass import EXPERT_TERMS, PassRow, expert_columns, predict_us, predicts, uniform_features
+from moesim.hw_profiles.fitting.whole_pass import PassRow, expert_columns, predict_us, predicts, uniform_features
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
@@ -59,6 +59,7 @@ class Design:
     stream_family: str
     ties: dict[str, str]
     eras: tuple[str, ...]
+    pinned: tuple[tuple[str, np.ndarray], ...] = ()  # bytes columns the rows do not separate: held at their floor
 
 
 def _main_families(rows: list[PassRow]) -> list[str]:
@@ -67,6 +68,19 @@ def _main_families(rows: list[PassRow]) -> list[str]:
         family = row.family_at(row.n_tokens)
         counts[family] = counts.get(family, 0) + 1
     return sorted(counts, key=lambda f: (-counts[f], f))
+
+
+# The order in which a family's terms enter the design: where the rows cannot tell two apart, the
+# earlier one carries both. FLOPs come before bytes: in a llama-bench ppN series the KV context
+# grows with the pass size exactly as the FLOPs do (N/2 + n/2 tokens), and a bandwidth the rows do
+# not separate is held at the device's peak (`floored`), not fitted to carry the FLOPs' growth.
+TERM_ORDER = ("compute", "bytes", "fixed", "tile", "per_expert", "per_slot")
+
+
+def floored(name: str, stream_family: str) -> bool:
+    """Whether a coefficient is a bytes term bounded below by the device's peak bandwidth: every
+    family's where no per-slot kernel streams, else per_slot's (the others are its excess)."""
+    return name.endswith(".bytes") and (stream_family != "per_slot" or name == "per_slot.bytes")
 
 
 def term_kind(name: str) -> str:
@@ -93,7 +107,7 @@ def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarr
     candidates: list[tuple[str, np.ndarray]] = [
         (f"{PASS_FIXED}@{era}", np.array([1.0 if r.scope == "pass" and r.era == era else 0.0 for r in rows])) for era in eras
     ]
-    for term in EXPERT_TERMS:
+    for term in TERM_ORDER:
         for family in used:
             kernel = engine.kernel(family)
             per_slot_kernel = kernel.tokens_per_read == 1
@@ -123,6 +137,7 @@ def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarr
     chosen: list[tuple[str, np.ndarray]] = []
     basis: list[np.ndarray] = []
     merged: list[str] = []
+    pinned: list[tuple[str, np.ndarray]] = []
     notes, ties = [], {}
     for name, column in candidates:
         if not np.any(column):
@@ -138,7 +153,11 @@ def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarr
             continue
         partner = f"{dedups[0]}.compute" if name == DENSE_COMPUTE else ""
         names = [n for n, _ in chosen]
-        if partner in names:
+        if floored(name, stream):
+            pinned.append((name, column))
+            carried = " and ".join(describe_term(n, eras) for n in _nearest(unit, chosen, measured))
+            notes.append(f"the rows do not tell {describe_term(name, eras)} from {carried}: it is held at the device's peak")
+        elif partner in names:
             index = names.index(partner)
             chosen[index] = (partner, chosen[index][1] + column)
             ties[DENSE_COMPUTE] = partner
@@ -149,7 +168,7 @@ def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarr
     if merged:
         notes.append("the rows do not tell these terms from others, so they are 0 and the terms named carry them: " + "; ".join(merged))
     names = tuple(n for n, _ in chosen)
-    return Design(names, np.column_stack([c for _, c in chosen]), tuple(notes), stream, ties, tuple(eras))
+    return Design(names, np.column_stack([c for _, c in chosen]), tuple(notes), stream, ties, tuple(eras), tuple(pinned))
 
 
 def _nearest(unit: np.ndarray, chosen: list[tuple[str, np.ndarray]], measured: np.ndarray) -> list[str]:
@@ -222,11 +241,12 @@ def fit_coefficients(rows: list[PassRow], engine: Engine, roofline: Roofline, sc
     1 / peak bandwidth (no family streams faster than the device's memory; with `scales`, whose
     bytes columns are µs at each row's peak, at least 1)."""
     design = build_design(rows, engine, scales)
-    ordered = design.stream_family == "per_slot"
     least = 1.0 if scales is not None else 1.0 / (roofline.peak_bandwidth_gbps * 1e3)
-    floor = np.array([least if name.endswith(".bytes") and (not ordered or name == "per_slot.bytes") else 0.0 for name in design.names])
-    theta = solve_relative(design.matrix, np.array([r.time_us for r in rows]), offset_us=design.matrix @ floor) + floor
-    return Coefficients(design, dict(zip(design.names, (float(t) for t in theta), strict=True)))
+    floor = np.array([least if floored(name, design.stream_family) else 0.0 for name in design.names])
+    offset = design.matrix @ floor + sum((least * column for _, column in design.pinned), np.zeros(len(rows)))
+    theta = solve_relative(design.matrix, np.array([r.time_us for r in rows]), offset_us=offset) + floor
+    values = dict(zip(design.names, (float(t) for t in theta), strict=True))
+    return Coefficients(design, {**values, **{name: least for name, _ in design.pinned}})
 
 
 @dataclass(frozen=True)

@@ -108,3 +108,17 @@ def test_leave_one_device_out_never_fits_on_the_held_out_device(vllm) -> None:  
     again = fit_pool([(p, rows) for p, rows in changed if p is not a100])
     assert np.allclose(again.predict(a100, a100.rows), judged.predicted_us)  # the held-out device's times never enter
     assert like(a100.spec, h200.spec) and not like(catalog()["nvidia-p40"], catalog()["nvidia-rtx-3090"])
+
+
+def test_profile_notes_are_plain_words(tmp_path, cli) -> None:  # type: ignore[no-untyped-def]
+    """No coefficient names in the notes ('per_slot.fixed@<build>', 'absorbed in', a build 'unknown (b0)')."""
+    from moesim.hw_profiles import builtin_names, load_profile
+    from moesim.hw_profiles.schema import read_profile
+
+    run = tmp_path / "run.md"
+    run.write_text((REPO / "examples" / "llama-bench-synthetic.md").read_text().replace("build: 0000000 (0)", "build: unknown (0)"))
+    assert cli("profile", "fit", run, "--device", "RTX 3090", "--out", tmp_path / "p.toml")[0] == 0
+    profiles = [load_profile(name) for name in builtin_names()] + [read_profile(tmp_path / "p.toml")]
+    for profile in profiles:
+        for note in profile.notes:
+            assert not any(word in note for word in (".fixed", ".bytes", ".compute", "@", "absorbed", "(b0)")), (profile.name, note)

@@ -112,5 +112,9 @@ def test_a_compare_table_fits_without_flags_and_validates(tmp_path: Path, cli) -
     assert code == 0 and (tmp_path / "v" / "predictions.parquet").is_file()
     worse = float(" ".join(stdout.split()).split("p90 ")[1].split(" %")[0])
     assert worse > 5.0  # master's rows 5..8 (per-slot there) against the PR's profile (mat-mat there): the check can fail
+    code, stdout, err = cli("profile", "import", run, "--out", tmp_path / "cmp.csv")  # the imported table validates the same
+    assert code == 0 and "using 'PR'" in " ".join(stdout.split()), err
+    code, stdout, err = cli("validate", tmp_path / "cmp.csv", "--profile", tmp_path / "pr.toml", "--json")
+    assert code == 0 and json.loads(stdout)["median_abs_pct_error"] == pytest.approx(checked["median_abs_pct_error"]), err
     code, _, err = cli("validate", run, REPO / "examples" / "llama-bench-synthetic.md", "--profile", "nvidia-h200")
     assert_one_line_error(code, err, "no engine dispatch")

@@ -30,7 +30,8 @@ def validate_command(
     """Predict every measured row with a profile and compare: errors, dedup savings and crossovers, best draft.
 
     A benchmark's output (llama-bench, llama-batched-bench, benchmark_moe.py: what `profile fit`
-    reads) is priced whole pass by whole pass by an engine profile's dispatch."""
+    reads), or the measurement table `profile import` made of it, is priced whole pass by whole
+    pass by an engine profile's dispatch."""
     from moesim.sim.validate.result import ValidateOptions, check_predictions_dir, validate
 
     protect(*measured, trace, profile)
@@ -68,12 +69,13 @@ def validate_command(
 def _bench_outputs(measured: list[Path]) -> bool:
     """Whether the inputs are benchmark outputs (all of them; a mix with tables or runs is one line)."""
     from moesim.errors import InputError
-    from moesim.hw_profiles.fitting.bench_fit import is_measurement_table
+    from moesim.hw_profiles.fitting.bench_fit import dispatched_table, is_measurement_table
 
-    outputs = [p for p in measured if p.suffix.lower() != ".arrow" and p.is_file() and not is_measurement_table(p)]
+    outputs = [p for p in measured if p.suffix.lower() != ".arrow" and p.is_file() and (not is_measurement_table(p) or dispatched_table(p))]
     if outputs and len(outputs) != len(measured):
         raise InputError(
-            f"{outputs[0]}: a benchmark's output is validated alone or with other outputs, not with measurement tables or runs"
+            f"{outputs[0]}: a benchmark's output (or its imported table) is validated alone or with other outputs, "
+            "not with kernel tables or runs"
         )
     return bool(outputs)
 
@@ -88,11 +90,16 @@ def _validate_bench_outputs(
     from moesim.atomic import output_dir
     from moesim.cli.render import print_json
     from moesim.hw_profiles import load_profile
-    from moesim.hw_profiles.fitting.bench_fit import check_bench_output
+    from moesim.hw_profiles.fitting.bench_fit import check_bench_output, check_measurement_table, is_measurement_table
     from moesim.hw_profiles.importers import ImportOptions
 
     loaded = load_profile(profile)
-    checks = [check_bench_output(path, loaded, ImportOptions(model=model, filters=filters)) for path in measured]
+    checks = [
+        check_measurement_table(path, loaded, filters)
+        if is_measurement_table(path)
+        else check_bench_output(path, loaded, ImportOptions(model=model, filters=filters))
+        for path in measured
+    ]
     tables = [
         c.table.with_columns(source=pl.lit(path.name)) if len(checks) > 1 else c.table for c, path in zip(checks, measured, strict=True)
     ]

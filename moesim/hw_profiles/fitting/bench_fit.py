@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
+from moesim.filters import apply_filters, parse_filters
 from moesim.hw_profiles.catalog import catalog, lookup_device
 from moesim.hw_profiles.dispatch import Dispatch, DispatchRule
 from moesim.hw_profiles.engines import ENGINES, Engine
@@ -41,6 +42,7 @@ from moesim.hw_profiles.fitting.engine_fit import EngineFit, ProfileFrame, fit_c
 from moesim.hw_profiles.fitting.engine_validation import switches
 from moesim.hw_profiles.fitting.whole_pass import PassRow, pass_rows, predict_us, predicts
 from moesim.hw_profiles.importers import ImportOptions, choose_variant, import_table
+from moesim.hw_profiles.measurements.table import DISPATCH_KERNEL, load_measurements
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.hw_profiles.provenance import FittedRow, Provenance, file_sha256
 
@@ -279,6 +281,18 @@ def check_bench_output(path: Path, profile: HardwareProfile, options: ImportOpti
     options, note = choose_variant(path, table_format, options)
     _, frame = import_table(path, table_format, options)
     return BenchCheck(predicted_rows(frame, profile), tuple(notes) + ((note,) if note else ()))
+
+
+def dispatched_table(path: Path) -> bool:
+    """Whether a measurement table is an importer's (`profile import`): every row timed the engine's own choice."""
+    frame = load_measurements(path)
+    return frame.height > 0 and bool((frame["kernel"] == DISPATCH_KERNEL).all())
+
+
+def check_measurement_table(path: Path, profile: HardwareProfile, filters: tuple[str, ...] = ()) -> BenchCheck:
+    """An imported measurement table (`profile import`) predicted by an engine profile, row by row."""
+    frame = apply_filters(load_measurements(path), parse_filters(list(filters)), str(path))
+    return BenchCheck(predicted_rows(frame, profile), ())
 
 
 def _names_device(path: Path, table_format: str | None, options: ImportOptions) -> bool:

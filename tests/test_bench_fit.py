@@ -3,6 +3,7 @@ per-slot limit learned from the run's cliff, its held-out error from leaving one
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,46 @@ def test_bench_fit_errors_are_one_line(tmp_path: Path, cli) -> None:  # type: ig
     code, _, err = cli("profile", "fit", run, "--device", "Mystery GPU 9000", "--out", tmp_path / "p.toml")
     assert_one_line_error(code, err, "Mystery GPU 9000", "not in the catalog")
     assert not (tmp_path / "p.toml").exists()
+
+
+def _compare_run() -> str:
+    """compare-llama-bench's layout of two builds of the synthetic run: GPU first, no backend column,
+    master's per-slot kernel up to 8 tokens, the PR's up to 4."""
+    master, pr = (
+        {int(cells[6]): cells[8] for cells in (line.split("|") for line in _synthetic_run(c).splitlines()[2:] if line.startswith("|"))}
+        for c in (8, 4)
+    )
+    lines = ["| GPU | Model | Microbatch size | Test | t/s master | t/s PR | Speedup |", "|:---|:---|---:|:---|---:|---:|---:|"]
+    for n in SIZES:
+        lines.append(f"| RTX 3090 | deepseek2 16B Q4_0 | {n} | pp512 | {master[n].strip()} | {pr[n].strip()} | 1.00 |")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_compare_table_fits_without_flags_and_validates(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """The GPU column names the device, the device's backend the engine; of two variants the last is
+    fitted and a line says so; --filter chooses the other; validate checks the profile on the rows."""
+    run = tmp_path / "cmp.md"
+    run.write_text(_compare_run())
+    code, stdout, err = cli("profile", "fit", run, "--out", tmp_path / "pr.toml")
+    text = " ".join(stdout.split())
+    assert code == 0, err
+    assert "2 variants (master, PR): using 'PR', the last (choose one with --filter variant=NAME)" in text
+    assert "per-slot kernel up to 4 tokens, moved by this run from the engine source's 8" in text
+    assert read_profile(tmp_path / "pr.toml").device.engine == "llama.cpp CUDA"
+    code, stdout, err = cli("profile", "fit", run, "--out", tmp_path / "master.toml", "--filter", "variant=master")
+    text = " ".join(stdout.split())
+    assert code == 0 and "using" not in text and "per-slot kernel up to 8 tokens, the engine source's" in text
+    code, stdout, err = cli("validate", run, "--profile", tmp_path / "pr.toml", "--json")
+    assert code == 0, err
+    checked = json.loads(stdout)
+    assert checked["predicted_rows"] == checked["rows"] == len(SIZES) and checked["median_abs_pct_error"] < 1.0
+    code, stdout, _ = cli("validate", run, "--profile", tmp_path / "pr.toml", "--filter", "variant=master", "--out", tmp_path / "v")
+    assert code == 0 and (tmp_path / "v" / "predictions.parquet").is_file()
+    worse = float(" ".join(stdout.split()).split("p90 ")[1].split(" %")[0])
+    assert worse > 5.0  # master's rows 5..8 (per-slot there) against the PR's profile (mat-mat there): the check can fail
+    code, stdout, err = cli("profile", "import", run, "--out", tmp_path / "cmp.csv")  # the imported table validates the same
+    assert code == 0 and "using 'PR'" in " ".join(stdout.split()), err
+    code, stdout, err = cli("validate", tmp_path / "cmp.csv", "--profile", tmp_path / "pr.toml", "--json")
+    assert code == 0 and json.loads(stdout)["median_abs_pct_error"] == pytest.approx(checked["median_abs_pct_error"]), err
+    code, _, err = cli("validate", run, REPO / "examples" / "llama-bench-synthetic.md", "--profile", "nvidia-h200")
+    assert_one_line_error(code, err, "no engine dispatch")

@@ -56,6 +56,24 @@ def test_uniform_synth_matches_formula(tmp_path: Path, cli) -> None:  # type: ig
     np.testing.assert_allclose(u, 64 * (1 - (1 - preset.top_k / 64) ** n), rtol=0.01)
 
 
+def test_synth_defaults_to_the_routing_fitted_to_the_real_trace(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """Without a routing option the trace is drawn from the parameters fitted to the built-in real
+    trace, and the output says so; it re-reads experts far more than uniform routing does."""
+    from moesim.kernels.locality import mean_distinct_experts
+
+    fitted, uniform = tmp_path / "f.arrow", tmp_path / "u.arrow"
+    code, out, err = cli("trace", "synth", "--model", "deepseek-v2-lite", "--tokens", "1000", "--out", fitted)
+    assert code == 0, err
+    assert "generator working_set" in out.replace("-", "_") and "fitted to the real trace; --uniform" in " ".join(out.split())
+    code, out, _ = cli("trace", "synth", "--model", "deepseek-v2-lite", "--tokens", "1000", "--uniform", "--out", uniform)
+    assert code == 0 and "fitted" not in out
+    spread = {}
+    for name, path in (("fitted", fitted), ("uniform", uniform)):
+        trace = read_trace(path)
+        spread[name] = float(mean_distinct_experts(trace.experts, trace.seq_starts, 64, 8).mean(axis=0)[-1])
+    assert spread["fitted"] < 0.9 * spread["uniform"]
+
+
 def test_synth_bad_input(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     code, _, err = cli("trace", "synth", "--model", "nope", "--out", tmp_path / "x.arrow")
     assert_one_line_error(code, err, "unknown MoE model preset 'nope'", "deepseek-v2-lite, ")

@@ -144,3 +144,13 @@ def test_fit_uses_dense_rows_and_a_catalog_device_without_device_json(cli, tmp_p
     assert profile.dense.launch_us == pytest.approx(3.0, rel=1e-6) and profile.dense.bandwidth_gbps == pytest.approx(2000.0, rel=1e-6)
     assert profile.dense.provenance.kind == "calibrated" and profile.pass_fixed_us == 0.0
     assert profile.provenance_of("pass.fixed_us").kind == "assumed"
+
+
+def test_list_keeps_every_profile_name_whole_at_80_columns(cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from moesim.hw_profiles import builtin_names
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = cli("profile", "list")
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 80
+    for name in builtin_names():
+        assert any(line.split("│")[1].strip() == name for line in out.splitlines() if line.count("│") > 2), name

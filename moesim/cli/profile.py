@@ -59,11 +59,14 @@ def profile_fit(
         options = ImportOptions(model, device, weight_format, tuple(filters or ()))
         result = fit_bench_output(table, name or out.stem, options, table_format, engine)
         profile = result.fit.profile
-        render_table(result.fit.table(), title=f"{profile.name}: {profile.device.engine} on the {profile.device.name}")
-        console.print(
-            f"per-slot kernel up to {result.learned_limit} tokens (learned from this run; the engine's source says {result.source_limit})",
-            markup=False,
+        for note in result.notes:
+            console.print(note, markup=False)
+        caption = (
+            "held_out: each pass size predicted by a fit without it; '–' where its kernel family ran at no other size "
+            "(nothing left to fit that family on)"
         )
+        render_table(result.fit.table(), title=f"{profile.name}: {profile.device.engine} on the {profile.device.name}", caption=caption)
+        console.print(result.choice.sentence(), markup=False)
         for note in profile.notes:
             console.print(f"note: {note}", markup=False)
         write_profile(out, profile)
@@ -100,10 +103,13 @@ def profile_import(
 ) -> None:
     """Read a benchmark's output into a measurement table with each row's scope (one op, or a whole pass)."""
     from moesim.atomic import check_writable
-    from moesim.hw_profiles.importers import ImportOptions, import_table, parse_rows, write_table
+    from moesim.hw_profiles.importers import ImportOptions, choose_variant, import_table, parse_rows, write_table
 
     check_writable(out)
     options = ImportOptions(model, device, weight_format, tuple(filters or ()), parse_rows(rows) if rows else None)
+    options, note = choose_variant(output, table_format, options)
+    if note:
+        console.print(note, markup=False)
     fmt, frame = import_table(output, table_format, options)
     write_table(frame, out)
     console.print(f"wrote {out}: {frame.height} rows of {fmt} output ({', '.join(sorted(set(frame['scope'].to_list())))} scope)")

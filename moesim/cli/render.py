@@ -49,8 +49,9 @@ def render_table(frame: pl.DataFrame, title: str | None = None, caption: str | N
         console.print(_table(columns, whole, title=title, caption=caption))
         return
     groups = column_groups(columns, key_columns(frame), width)
-    if not groups:  # not even the keys and one more column fit: rich shortens what it must
-        console.print(_table(columns, [MAX_HEADER_LINES] * len(columns), title=title, caption=caption))
+    if not groups:  # not even the keys and one more column fit: the keys stay whole, the other cells wrap
+        keys = key_columns(frame)
+        console.print(_table(columns, [MAX_HEADER_LINES] * len(columns), keys=keys, title=title, caption=caption))
         return
     if title:
         console.print(Text(title, style="table.title"))
@@ -139,12 +140,14 @@ def column_groups(columns: list[TableColumn], keys: int, width: int) -> list[lis
     return next((groups for groups in narrower if groups and len(groups) == len(fewest)), fewest)
 
 
-def _table(columns: list[TableColumn], lines: list[int], **text: str | None) -> Table:
+def _table(columns: list[TableColumn], lines: list[int], keys: int = 0, **text: str | None) -> Table:
+    """A rich table of the columns; the first `keys` never narrower than their longest cell (the others wrap)."""
     table = Table(title_justify="left", caption_justify="left", **text)  # type: ignore[arg-type]
-    for column, n in zip(columns, lines, strict=True):
-        table.add_column(Text(wrap_name(column.name, n)), justify="right" if column.numeric else "left")
+    for i, (column, n) in enumerate(zip(columns, lines, strict=True)):
+        whole = {"min_width": column.width(n), "no_wrap": True} if i < keys else {}
+        table.add_column(Text(wrap_name(column.name, n)), justify="right" if column.numeric else "left", **whole)  # type: ignore[arg-type]
     for row in zip(*(c.cells for c in columns), strict=True):
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(Text(cell, overflow="fold") for cell in row))
     return table
 
 

@@ -47,7 +47,9 @@ def trace_synth(
     seqs: Annotated[int, typer.Option(help="Number of sequences.", min=1, max=MAX_POSITIONS)] = SYNTH_SEQS,
     like: Annotated[Path | None, typer.Option(help="Sequences of the same lengths as this trace (a file or a built-in name).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.", min=0, max=MAX_SEED)] = 0,
-    uniform: Annotated[bool, typer.Option("--uniform", help="Independent uniform routing.")] = False,
+    uniform: Annotated[
+        bool, typer.Option("--uniform", help="Independent uniform routing (default: the generator fitted to the built-in real trace).")
+    ] = False,
     sticky: Annotated[float | None, typer.Option(help="Keep each expert of the previous token with this probability.")] = None,
     zipf: Annotated[float, typer.Option(help="Zipf exponent of expert popularity (alone: independent tokens; 0 = uniform).")] = 0.0,
     weight_format: Annotated[str | None, typer.Option("--format", help="Weight format (default: the preset's).")] = None,
@@ -60,7 +62,7 @@ def trace_synth(
     from moesim.models import load_target
     from moesim.tracegen.formats.schema import TraceGeometry
     from moesim.tracegen.formats.trace import read_trace
-    from moesim.tracegen.routing.synth import equal_lengths, generator_from_options, synthesize_to
+    from moesim.tracegen.routing.synth import DEFAULT_PARAMS, equal_lengths, generator_from_options, is_default_routing, synthesize_to
 
     if like is not None and (tokens, seqs) != (SYNTH_TOKENS, SYNTH_SEQS):
         raise InputError("--like excludes --tokens and --seqs (it takes the trace's sequence lengths)")
@@ -71,7 +73,9 @@ def trace_synth(
     lengths = equal_lengths(tokens, seqs) if like is None else read_trace(like).seq_lengths()
     with progress("synthesising", "positions") as update:
         synthesize_to(out, geometry, generator, lengths, seed, lambda done, total: update(done, total, done))
-    console.print(f"wrote {out}: {lengths.size} sequences, {int(lengths.sum())} tokens, generator {generator.name}")
+    fitted = f" (parameters {DEFAULT_PARAMS}: fitted to the real trace; --uniform for independent routing)"
+    described = fitted if is_default_routing(uniform, sticky, zipf, params) else ""
+    console.print(f"wrote {out}: {lengths.size} sequences, {int(lengths.sum())} tokens, generator {generator.name}{described}")
 
 
 @app.command("info")

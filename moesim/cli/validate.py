@@ -26,11 +26,18 @@ def validate_command(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Predict every measured row with a profile and compare: errors, dedup savings and crossovers, best draft."""
+    """Predict every measured row with a profile and compare: errors, dedup savings and crossovers, best draft.
+
+    A benchmark's output (llama-bench, llama-batched-bench, benchmark_moe.py: what `profile fit`
+    reads), or the measurement table `profile import` made of it, is priced whole pass by whole
+    pass by an engine profile's dispatch."""
     from moesim.sim.validate.result import ValidateOptions, check_predictions_dir, validate
 
     if out is not None:
         check_predictions_dir(out, force)
+    if _bench_outputs(measured):
+        _validate_bench_outputs(measured, profile, model, tuple(filters or ()), out, force, as_json)
+        return
     options = ValidateOptions(profile, trace, model, family, context_tokens, tuple(filters or ()))
     result = validate(measured, options)
     path = result.write(out, force) if out is not None else None
@@ -55,3 +62,72 @@ def validate_command(
             console.print(f"best draft length: measured {curve['best_draft_measured']}, predicted {curve['best_draft_predicted']}")
     if path is not None:
         console.print(f"wrote {path}")
+
+
+def _bench_outputs(measured: list[Path]) -> bool:
+    """Whether the inputs are benchmark outputs (all of them; a mix with tables or runs is one line)."""
+    from moesim.errors import InputError
+    from moesim.hw_profiles.fitting.bench_fit import dispatched_table, is_measurement_table
+
+    outputs = [p for p in measured if p.suffix.lower() != ".arrow" and p.is_file() and (not is_measurement_table(p) or dispatched_table(p))]
+    if outputs and len(outputs) != len(measured):
+        raise InputError(
+            f"{outputs[0]}: a benchmark's output (or its imported table) is validated alone or with other outputs, "
+            "not with kernel tables or runs"
+        )
+    return bool(outputs)
+
+
+def _validate_bench_outputs(
+    measured: list[Path], profile: str, model: str | None, filters: tuple[str, ...], out: Path | None, force: bool, as_json: bool
+) -> None:
+    """Each output's whole passes against the profile: a row per test, the errors' median and p90."""
+    import numpy as np
+    import polars as pl
+
+    from moesim.atomic import output_dir
+    from moesim.cli.render import print_json
+    from moesim.hw_profiles import load_profile
+    from moesim.hw_profiles.fitting.bench_fit import check_bench_output, check_measurement_table, is_measurement_table
+    from moesim.hw_profiles.importers import ImportOptions
+
+    loaded = load_profile(profile)
+    checks = [
+        check_measurement_table(path, loaded, filters)
+        if is_measurement_table(path)
+        else check_bench_output(path, loaded, ImportOptions(model=model, filters=filters))
+        for path in measured
+    ]
+    tables = [
+        c.table.with_columns(source=pl.lit(path.name)) if len(checks) > 1 else c.table for c, path in zip(checks, measured, strict=True)
+    ]
+    table = pl.concat(tables)
+    errors = np.abs(np.concatenate([c.errors() for c in checks]))
+    summary = {
+        "profile": loaded.name,
+        "rows": table.height,
+        "predicted_rows": int(errors.size),
+        "median_abs_pct_error": float(100 * np.median(errors)) if errors.size else None,
+        "p90_abs_pct_error": float(100 * np.quantile(errors, 0.9)) if errors.size else None,
+    }
+    if out is not None:
+        with output_dir(out, force) as staging:
+            table.write_parquet(staging / "predictions.parquet")
+    if as_json:
+        print_json({**summary, "notes": [n for c in checks for n in c.notes], "rows_predicted": table.to_dicts()})
+        return
+    for check in checks:
+        for note in check.notes:
+            console.print(note, markup=False)
+    caption = "whole passes priced by the profile's dispatch; '–' where the family it dispatches was not calibrated"
+    render_table(table, title=f"{len(measured)} benchmark output(s) on profile {loaded.name}", caption=caption)
+    if errors.size:
+        console.print(
+            f"{errors.size} of {table.height} rows predicted: median |error| {summary['median_abs_pct_error']:.1f} %, "
+            f"p90 {summary['p90_abs_pct_error']:.1f} %",
+            markup=False,
+        )
+    else:
+        console.print(f"none of the {table.height} rows is priced: the families they dispatch are not in {loaded.name}", markup=False)
+    if out is not None:
+        console.print(f"wrote {out / 'predictions.parquet'}")

@@ -153,18 +153,26 @@ def derive_profile(
     return check_profile(derived, f"--bandwidth-scale {bandwidth_scale:g} --compute-scale {compute_scale:g} on '{base.name}'")
 
 
-def scaled_engine_profile(base: HardwareProfile, spec: DeviceSpec, base_spec: DeviceSpec, name: str, dispatch: Dispatch) -> HardwareProfile:
+def scaled_engine_profile(
+    base: HardwareProfile,
+    spec: DeviceSpec,
+    base_spec: DeviceSpec,
+    name: str,
+    dispatch: Dispatch,
+    transfer: tuple[float, str] | None = None,
+) -> HardwareProfile:
     """An engine profile moved to another device by its datasheet (status 'datasheet-scaled'):
     bandwidths x the ratio of peak bandwidths, FLOP rates x the ratio of tensor peaks, fixed times
-    kept, the target's own dispatch (device class), held-out errors kept plus the catalog's
-    transfer uncertainty. Only from a calibration of the same engine: the kernels are the same."""
+    kept, the target's own dispatch (device class), held-out errors kept plus a transfer
+    uncertainty: `transfer` (the value and where it comes from, e.g. what held-out devices of the
+    engine show), else the catalog's assumed one. Only from a calibration of the same engine."""
     bandwidth_scale = spec.peak_bandwidth_gbps / base_spec.peak_bandwidth_gbps
     compute_scale = spec.tensor_tflops / base_spec.tensor_tflops
+    uncertainty, said = transfer or (spec.transfer, f"relative transfer uncertainty {spec.transfer:.2f} assumed")
     note = (
         f"{base.name} ({base.device.engine}) scaled to the {spec.name}: bandwidths x{bandwidth_scale:.4f} "
         f"(peak {spec.peak_bandwidth_gbps:g} vs {base_spec.peak_bandwidth_gbps:g} GB/s), FLOP rates x{compute_scale:.4f} "
-        f"(tensor peak {spec.tensor_tflops:g} vs {base_spec.tensor_tflops:g} TFLOP/s), fixed times kept; "
-        f"relative transfer uncertainty {spec.transfer:.2f} assumed"
+        f"(tensor peak {spec.tensor_tflops:g} vs {base_spec.tensor_tflops:g} TFLOP/s), fixed times kept; {said}"
     )
     source = Provenance("assumed", note=note)
     device = DeviceFacts(spec.name, spec.backend, spec.memory_gb, spec.l2_cache_bytes, spec.compute_units, base.device.engine,
@@ -182,7 +190,7 @@ def scaled_engine_profile(base: HardwareProfile, spec: DeviceSpec, base_spec: De
         Roofline(spec.peak_bandwidth_gbps, spec.tensor_tflops),
         device,
         base.pass_fixed_us,
-        spec.transfer,
+        uncertainty,
         {"device-datasheet": Provenance("datasheet", citation=spec.citation)},
     )
     sources = {key: value for key, value in profile.sources.items() if key in ("scaled", "device-datasheet", dispatch.source)}

@@ -38,7 +38,7 @@ from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.engines import Engine
 from moesim.hw_profiles.families import CalibratedRange, DenseFamily, ExpertFamily, ExpertInputs, Roofline
 from moesim.hw_profiles.fitting.family_fit import solve_relative
-from moesim.hw_profiles.fitting.whole_pass import EXPERT_TERMS, PassRow, expert_columns, predict_us, predicts, uniform_features
+from moesim.hw_profiles.fitting.whole_pass import PassRow, expert_columns, predict_us, predicts, uniform_features
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
@@ -59,6 +59,7 @@ class Design:
     stream_family: str
     ties: dict[str, str]
     eras: tuple[str, ...]
+    pinned: tuple[tuple[str, np.ndarray], ...] = ()  # bytes columns the rows do not separate: held at their floor
 
 
 def _main_families(rows: list[PassRow]) -> list[str]:
@@ -69,8 +70,29 @@ def _main_families(rows: list[PassRow]) -> list[str]:
     return sorted(counts, key=lambda f: (-counts[f], f))
 
 
-def build_design(rows: list[PassRow], engine: Engine) -> Design:
-    """The design of the rows: candidate columns in priority order, ties, separability."""
+# The order in which a family's terms enter the design: where the rows cannot tell two apart, the
+# earlier one carries both. FLOPs come before bytes: in a llama-bench ppN series the KV context
+# grows with the pass size exactly as the FLOPs do (N/2 + n/2 tokens), and a bandwidth the rows do
+# not separate is held at the device's peak (`floored`), not fitted to carry the FLOPs' growth.
+TERM_ORDER = ("compute", "bytes", "fixed", "tile", "per_expert", "per_slot")
+
+
+def floored(name: str, stream_family: str) -> bool:
+    """Whether a coefficient is a bytes term bounded below by the device's peak bandwidth: every
+    family's where no per-slot kernel streams, else per_slot's (the others are its excess)."""
+    return name.endswith(".bytes") and (stream_family != "per_slot" or name == "per_slot.bytes")
+
+
+def term_kind(name: str) -> str:
+    """What a column's coefficient prices: 'bytes' (1 / bandwidth), 'compute' (1 / FLOP rate) or a time."""
+    term = name.split(".", 1)[1].split("@")[0].split("[")[0]
+    return term if term in ("bytes", "compute") else "compute" if term == "tile" else "time"
+
+
+def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarray] | None = None) -> Design:
+    """The design of the rows: candidate columns in priority order, ties, separability. `scales`
+    multiplies each row's columns by kind (`term_kind`: 'bytes', 'compute', 'time'), e.g. by the
+    inverse of the row's device peaks, so that one coefficient serves devices of different datasheets."""
     structures = {k.family: k.structure for k in engine.kernels}
     experts = [expert_columns(row, structures) for row in rows]
     dense = np.array([row.dense_work() for row in rows])
@@ -85,7 +107,7 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
     candidates: list[tuple[str, np.ndarray]] = [
         (f"{PASS_FIXED}@{era}", np.array([1.0 if r.scope == "pass" and r.era == era else 0.0 for r in rows])) for era in eras
     ]
-    for term in EXPERT_TERMS:
+    for term in TERM_ORDER:
         for family in used:
             kernel = engine.kernel(family)
             per_slot_kernel = kernel.tokens_per_read == 1
@@ -109,10 +131,13 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
         if len(formats) >= 2:
             candidates += [(f"{family}.bytes[{fmt}]", np.array([c.get(f"{family}.bytes[{fmt}]", 0.0) for c in experts])) for fmt in formats]
     candidates.append((DENSE_COMPUTE, dense[:, 1] + dense[:, 2]))
+    if scales is not None:
+        candidates = [(name, column * scales[term_kind(name)]) for name, column in candidates]
     measured = np.array([r.time_us for r in rows])
     chosen: list[tuple[str, np.ndarray]] = []
     basis: list[np.ndarray] = []
     merged: list[str] = []
+    pinned: list[tuple[str, np.ndarray]] = []
     notes, ties = [], {}
     for name, column in candidates:
         if not np.any(column):
@@ -128,24 +153,56 @@ def build_design(rows: list[PassRow], engine: Engine) -> Design:
             continue
         partner = f"{dedups[0]}.compute" if name == DENSE_COMPUTE else ""
         names = [n for n, _ in chosen]
-        if partner in names:
+        if floored(name, stream):
+            pinned.append((name, column))
+            carried = " and ".join(describe_term(n, eras) for n in _nearest(unit, chosen, measured))
+            notes.append(f"the rows do not tell {describe_term(name, eras)} from {carried}: it is held at the device's peak")
+        elif partner in names:
             index = names.index(partner)
             chosen[index] = (partner, chosen[index][1] + column)
             ties[DENSE_COMPUTE] = partner
-            notes.append(f"the rows do not separate the dense FLOP rate from {partner}: one rate for both")
+            notes.append(f"the rows do not tell the dense FLOP rate from {describe_term(partner, eras)}: one rate for both")
         else:
-            merged.append(f"{name} (in {_nearest(unit, chosen, measured)})")
+            carried = " and ".join(describe_term(n, eras) for n in _nearest(unit, chosen, measured))
+            merged.append(f"{describe_term(name, eras)} (carried by {carried})")
     if merged:
-        notes.append("terms the rows do not separate from others (what they are absorbed in): " + "; ".join(merged))
+        notes.append("the rows do not tell these terms from others, so they are 0 and the terms named carry them: " + "; ".join(merged))
     names = tuple(n for n, _ in chosen)
-    return Design(names, np.column_stack([c for _, c in chosen]), tuple(notes), stream, ties, tuple(eras))
+    return Design(names, np.column_stack([c for _, c in chosen]), tuple(notes), stream, ties, tuple(eras), tuple(pinned))
 
 
-def _nearest(unit: np.ndarray, chosen: list[tuple[str, np.ndarray]], measured: np.ndarray) -> str:
+def _nearest(unit: np.ndarray, chosen: list[tuple[str, np.ndarray]], measured: np.ndarray) -> list[str]:
     """The (at most two) chosen columns that carry most of a dependent column."""
     columns = np.column_stack([c / measured / np.linalg.norm(c / measured) for _, c in chosen])
     weights = np.abs(np.linalg.lstsq(columns, unit, rcond=None)[0])
-    return ", ".join(chosen[i][0] for i in np.argsort(-weights)[:2] if weights[i] > 1e-6)
+    return [chosen[i][0] for i in np.argsort(-weights)[:2] if weights[i] > 1e-6]
+
+
+_TERM_WORDS = {
+    "fixed": "{f}'s fixed time per layer",
+    "bytes": "{f}'s bandwidth",
+    "compute": "{f}'s FLOP rate",
+    "tile": "{f}'s rate per token tile",
+    "per_expert": "{f}'s time per used expert",
+    "per_slot": "{f}'s time per token slot",
+}
+
+
+def describe_term(name: str, eras: list[str]) -> str:
+    """A coefficient's name in words: 'per_slot.fixed@<build>' -> "per_slot's fixed time per layer (build <build>)"."""
+    name, _, era = name.partition("@")
+    family, _, term = name.partition(".")
+    if name == PASS_FIXED:
+        words = "the fixed time per pass"
+    elif name == DENSE_COMPUTE:
+        words = "the dense FLOP rate"
+    elif "[" in term:
+        words = f"{family}'s extra time per byte of {term.split('[')[1][:-1]} weights (their dequantisation)"
+    else:
+        words = _TERM_WORDS.get(term, "{f}'s " + term).format(f=family)
+    if era and len(eras) > 1:
+        words += f" (build {'of this run' if era.startswith('unknown') else era})"
+    return words
 
 
 def _rate(coefficient: float, unit: float) -> float:
@@ -179,19 +236,17 @@ class Coefficients:
         return self.values.get(name, 0.0)
 
 
-def fit_coefficients(rows: list[PassRow], engine: Engine, roofline: Roofline) -> Coefficients:
+def fit_coefficients(rows: list[PassRow], engine: Engine, roofline: Roofline, scales: dict[str, np.ndarray] | None = None) -> Coefficients:
     """Separable design, then NNLS on relative residuals with every bytes coefficient at least
-    1 / peak bandwidth (no family streams faster than the device's memory)."""
-    design = build_design(rows, engine)
-    ordered = design.stream_family == "per_slot"
-    floor = np.array(
-        [
-            1.0 / (roofline.peak_bandwidth_gbps * 1e3) if name.endswith(".bytes") and (not ordered or name == "per_slot.bytes") else 0.0
-            for name in design.names
-        ]
-    )
-    theta = solve_relative(design.matrix, np.array([r.time_us for r in rows]), offset_us=design.matrix @ floor) + floor
-    return Coefficients(design, dict(zip(design.names, (float(t) for t in theta), strict=True)))
+    1 / peak bandwidth (no family streams faster than the device's memory; with `scales`, whose
+    bytes columns are µs at each row's peak, at least 1)."""
+    design = build_design(rows, engine, scales)
+    least = 1.0 if scales is not None else 1.0 / (roofline.peak_bandwidth_gbps * 1e3)
+    floor = np.array([least if floored(name, design.stream_family) else 0.0 for name in design.names])
+    offset = design.matrix @ floor + sum((least * column for _, column in design.pinned), np.zeros(len(rows)))
+    theta = solve_relative(design.matrix, np.array([r.time_us for r in rows]), offset_us=offset) + floor
+    values = dict(zip(design.names, (float(t) for t in theta), strict=True))
+    return Coefficients(design, {**values, **{name: least for name, _ in design.pinned}})
 
 
 @dataclass(frozen=True)
@@ -247,11 +302,17 @@ def single_token_order(
 
 
 def _range(rows: list[PassRow]) -> CalibratedRange:
+    """The inputs the rows measured: their sizes and shapes; for the routing features, every value a
+    routing can give at the sizes measured (the rows route at random, a trace routes otherwise: a
+    measured size is inside the range whatever its routing; k to min(E, n·k) distinct experts, 1 to
+    n tokens on the busiest)."""
     inputs = [ExpertInputs.of(uniform_features(r.n_tokens, r.experts, r.top_k), r.shape) for r in rows]
     bounds = {}
-    for name in ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert", "expert_bytes", "hidden", "intermediate"):
+    for name in ("n_tokens", "slots", "expert_bytes", "hidden", "intermediate"):
         values = [float(x.field(name)) for x in inputs]
         bounds[name] = (min(values), max(values))
+    bounds["distinct_experts"] = (float(min(r.top_k for r in rows)), float(max(min(r.experts, r.n_tokens * r.top_k) for r in rows)))
+    bounds["max_tokens_per_expert"] = (1.0, float(max(r.n_tokens for r in rows)))
     return CalibratedRange(bounds)
 
 
@@ -314,6 +375,11 @@ def profile_of(
         )
         section_sources["families.dense"] = frame.calibration
         section_sources["pass"] = frame.calibration
+        notes.append(
+            "the fixed time per pass is what the whole passes cost beyond the preset's attention, dense and shared weights, "
+            "routed experts and LM head at the fitted rates (launches, synchronisation, ops not counted): the engine's time "
+            "per forward, fitted per build so that it is not fitted into the expert terms"
+        )
     return HardwareProfile(
         name=frame.name,
         description=frame.description,

@@ -3,7 +3,8 @@
 One registered class per output format (`IMPORTERS`); `import_table(path)` detects the format
 from the file's content (or takes `fmt`), reads every timed test with its scope (one MoE op, or a
 whole pass with its context, passes and output head) and returns the checked table. A table that
-mixes devices, or variants of the same test, is refused: select with filters.
+mixes devices, or variants of the same test, is refused: select with filters (`choose_variant`
+gives the default variant of a table of several, and says so).
 
 | format | what |
 |---|---|
@@ -17,6 +18,7 @@ mixes devices, or variants of the same test, is refused: select with filters.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +26,10 @@ import polars as pl
 
 from moesim.atomic import atomic_path
 from moesim.errors import InputError
+from moesim.filters import parse_filters
 from moesim.hw_profiles.importers.batched_bench import looks_like_batched_bench, parse_batched_bench
 from moesim.hw_profiles.importers.benchmark_moe import parse_benchmark_moe
-from moesim.hw_profiles.importers.llama_bench import measured_of, parse_markdown, parse_records
+from moesim.hw_profiles.importers.llama_bench import is_markdown_header, measured_of, parse_markdown, parse_records
 from moesim.hw_profiles.importers.names import resolve_formats, resolve_model
 from moesim.hw_profiles.importers.public_bench import COLUMNS, read_public_table
 from moesim.hw_profiles.importers.rows import Measured, checked_frame, measurements_frame
@@ -198,13 +201,13 @@ class BackendOps(Importer):
 
 @IMPORTERS.register
 class LlamaBenchMarkdown(Importer):
-    """llama-bench's markdown (needs --device)."""
+    """llama-bench's markdown (needs --device unless a `GPU` column names it)."""
 
     name = "llama-bench"
 
     def sniff(self, text: str) -> bool:
         """Whether the text is this format."""
-        return any(line.lstrip().lower().startswith("| model") for line in text.splitlines())
+        return any(is_markdown_header(line) for line in text.splitlines())
 
     def read(self, path: Path, text: str, options: ImportOptions) -> list[Measured]:
         """Every timed test of the file."""
@@ -257,3 +260,32 @@ def import_table(path: str | Path, fmt: str | None = None, options: ImportOption
     text = read_text(path)
     name = fmt or detect_format(path, text)
     return name, IMPORTERS.create(name).frame(path, text, options or ImportOptions())
+
+
+def choose_variant(path: str | Path, fmt: str | None, options: ImportOptions) -> tuple[ImportOptions, str]:
+    """Where an output times the same tests in several variants (compare-llama-bench's `t/s
+    <variant>` columns) and no filter names one: the options keeping the table's last variant (the
+    build compared against the first), and the line that says so; else the options as given."""
+    if any(column == "variant" for column, _ in parse_filters(list(options.filters))):
+        return options, ""
+    path = Path(path)
+    text = read_text(path)
+    name = fmt or detect_format(path, text)
+    if name == "public-bench":
+        return options, ""
+    try:
+        measured = IMPORTERS.create(name).read(path, text, dataclasses.replace(options, filters=()))
+    except NotImplementedError:  # an importer that builds its table without `Measured` rows: one variant
+        return options, ""
+    seen: dict[tuple[object, ...], set[str]] = {}
+    for m in measured:
+        seen.setdefault((m.device, m.model, m.expert_format, m.scope, m.test, m.passes.n_tokens), set()).add(m.variant)
+    if all(len(variants) < 2 for variants in seen.values()):
+        return options, ""
+    variants = list(dict.fromkeys(m.variant for m in measured))
+    chosen = variants[-1]
+    note = (
+        f"{path.name}: the table times the same tests in {len(variants)} variants ({', '.join(variants)}): "
+        f"using '{chosen}', the last (choose one with --filter variant=NAME)"
+    )
+    return dataclasses.replace(options, filters=(*options.filters, f"variant={chosen}")), note

@@ -4,7 +4,8 @@ column per build), `-o csv`, `-o json` and `-o jsonl`.
 
 Time per pass = test time / passes: from `avg_ns` where the output has it (csv, json, jsonl),
 else n_tokens / (t/s) (markdown: `t/s` is the mean over repetitions of tokens / test time).
-Markdown omits the GPU's name (`--device` names it) and the microbatch unless it was set
+Markdown omits the GPU's name (`--device` names it; compare-llama-bench's `GPU` column does) and
+the microbatch unless it was set
 (llama.cpp's default 512 is taken then, and n_batch 2048).
 """
 
@@ -38,6 +39,7 @@ _MARKDOWN_NAMES = {
     "n_batch": "n_batch",
     "batch size": "n_batch",
     "test": "test",
+    "gpu": "device",
 }
 
 
@@ -108,8 +110,16 @@ def _count(text: str, where: str, field: str) -> int:
     return parse_int(text, f"{where}: column '{field}'", 1, MAX_TOKENS)
 
 
+def is_markdown_header(line: str) -> bool:
+    """Whether a line is the header of a llama-bench table: model and test columns (any order, after
+    others such as compare-llama-bench's `GPU`; the reader then asks for its t/s)."""
+    header = [h.lower() for h in _cells(line)] if line.lstrip().startswith("|") else []
+    return "model" in header and "test" in header
+
+
 def parse_markdown(text: str, where: str, device: str = "") -> list[BenchTest]:
-    """Every row of every llama-bench (or compare-llama-bench) markdown table in the text."""
+    """Every row of every llama-bench (or compare-llama-bench: `GPU` names the device, one `t/s
+    <variant>` column per build) markdown table in the text."""
     tests: list[BenchTest] = []
     build = re.search(r"^build: (\S+) \((\d+)\)", text, re.MULTILINE)
     build_text = f"{build[1]} (b{build[2]})" if build else ""
@@ -146,7 +156,7 @@ def parse_markdown(text: str, where: str, device: str = "") -> list[BenchTest]:
                         tokens_per_s=_number(cells[j], f"{where}: line {i + 1}", header[j]),
                         total_ns=None,
                         backend=cells[columns["backend"]] if "backend" in columns else "",
-                        device=device,
+                        device=device or (cells[columns["device"]] if "device" in columns else ""),
                         build=build_text,
                         variant=variant,
                         line=i + 1,

@@ -1,0 +1,156 @@
+"""Engine profiles that transfer (issue 25): the per-device fits against the pooled engine fit,
+in the splits of docs/validation.md (it prints the tables of its section "Engine profiles that
+transfer").
+
+    .venv/bin/python bench/validate_engine_transfer.py        # ≈ 3 min
+
+Leave one model out on every device with two or more models; leave one device out within each
+engine between like devices (same vendor, same generation or one apart): the fit of one
+device scaled by datasheet, and the pooled fit of the engine over the like devices (and over all
+other devices); unlike pairs with their error and the transfer uncertainty a profile scaled
+between them states (`pool_validation.pair_bounds`). Errors: absolute relative errors of the
+time per pass and of T(n)/T(n0) within a series, median / p90 in %.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from moesim.hw_profiles.fitting.bench_fit import fit_bench_output, predicted_rows
+from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE, fit_recipe
+from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
+from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
+from moesim.hw_profiles.fitting.engine_validation import leave_one_model_out as own_lomo
+from moesim.hw_profiles.fitting.pooled.pool_validation import engine_parts, leave_one_device_out, leave_one_model_out, like, pair_bounds
+from moesim.hw_profiles.importers import ImportOptions, import_table
+
+SERIES = {
+    "RTX 3090 CUDA, DeepSeek-V2-Lite pp512, 2025-08 build (32-48)": tuple(range(32, 49, 2)),
+    "RTX 3090 CUDA, Granite F16 pp512, MMF build (51-65)": tuple(range(51, 66, 2)),
+    "P40 CUDA, DeepSeek-V2-Lite pp512, 2025-08 build (17-29)": tuple(range(17, 30, 2)),
+    "RTX 3090 CUDA, Gemma-4 pp2048, 2026-04 build (106-120)": tuple(range(106, 121, 2)),
+    "RX 7900 XTX Vulkan, batched decode B = 1..64 (331-340)": tuple(range(331, 341)),
+    "W7800 Vulkan, Qwen3.5 pp1024..32768 (429-459)": tuple(range(429, 460, 2)),
+}
+ERAS = "dispatch"  # the pooled fit's fixed times per dispatch era of the engine's source
+
+
+def _pct(values: np.ndarray) -> str:
+    values = np.abs(values[np.isfinite(values)])
+    return "–" if values.size == 0 else f"{100 * np.median(values):.1f} / {100 * np.quantile(values, 0.9):.1f}"
+
+
+def _cells(judged: Judged | None) -> str:
+    if judged is None:
+        return "– | – | –"
+    errors = judged.errors()
+    return f"{int(np.isfinite(errors).sum())}/{len(errors)} | {_pct(errors)} | {_pct(ratio_errors(judged))}"
+
+
+def _medians(found: list[Judged]) -> str:
+    errors = np.concatenate([j.errors() for j in found]) if found else np.array([])
+    ratios = np.concatenate([ratio_errors(j) for j in found]) if found else np.array([])
+    return f"time per pass {_pct(errors)}, T(n)/T(n0) {_pct(ratios)}"
+
+
+def main() -> None:
+    started = time.perf_counter()
+    recipes = all_recipes()
+    fits = {item.name: fit_recipe(item) for item in recipes}
+    engines = list(dict.fromkeys(item.engine for item in recipes))
+    parts = {engine: engine_parts(engine, eras=ERAS) for engine in engines}
+    by_name = {p.recipe.name: p for ps in parts.values() for p in ps}
+
+    print("#### Leave one model out: the per-device fit against the pooled engine fit\n")
+    print(
+        "| device | per device: rows | per device: time per pass % | per device: T(n)/T(n0) % | pooled: rows | pooled: time per pass % "
+        "| pooled: T(n)/T(n0) % |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    today_all, pooled_all = [], []
+    for item in recipes:
+        today = own_lomo(fits[item.name], item.name)
+        if today is None:
+            continue
+        pooled = leave_one_model_out(parts[item.engine], by_name[item.name])
+        today_all.append(today)
+        if pooled is not None:
+            pooled_all.append(pooled)
+        print(f"| {item.name} | {_cells(today)} | {_cells(pooled)} |")
+    print(f"\nAll devices: per device {_medians(today_all)}; pooled {_medians(pooled_all)}.")
+
+    print("\n#### Leave one device out between like devices\n")
+    print("| target | from | rows | time per pass: median / p90 % | T(n)/T(n0): median / p90 % |")
+    print("|---|---|---|---|---|")
+    today_like, pooled_like = [], []
+    for engine in engines:
+        for target in parts[engine]:
+            alike = [p for p in parts[engine] if p is not target and like(p.spec, target.spec)]
+            if not alike:
+                continue
+            for source in alike:
+                judged = scaled_out(target.recipe, source.recipe, fits[source.recipe.name])
+                today_like.append(judged)
+                print(f"| {target.recipe.name} | per device: {source.recipe.name} scaled | {_cells(judged)} |")
+            pooled = leave_one_device_out(alike, target, "like")
+            if pooled is not None:
+                pooled_like.append(pooled)
+                print(f"| {target.recipe.name} | pooled: {', '.join(p.recipe.name for p in alike)} | {_cells(pooled)} |")
+            others = [p for p in parts[engine] if p is not target]
+            if len(others) > len(alike):
+                every = leave_one_device_out(others, target, "all")
+                print(f"| {target.recipe.name} | pooled: all {len(others)} other devices | {_cells(every)} |")
+    print(f"\nLike pairs: per device {_medians(today_like)}; pooled {_medians(pooled_like)}.")
+
+    bounds = pair_bounds(fits)
+    print("\n#### Unlike pairs: error and the stated transfer uncertainty\n")
+    print("(stated: the bound of the engine's other unlike pairs, the target's own rows left out of it too)\n")
+    print(
+        "| target | source | rows | time per pass: median / p90 % | T(n)/T(n0): median / p90 % | stated uncertainty % "
+        "| covers median / p90 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for engine in engines:
+        for target in parts[engine]:
+            held = pair_bounds({name: fit for name, fit in fits.items() if name != target.recipe.name})
+            for source in parts[engine]:
+                if source is target or like(source.spec, target.spec):
+                    continue
+                judged = scaled_out(target.recipe, source.recipe, fits[source.recipe.name])
+                stats = judged.stats()
+                stated = held.get((engine, "unlike"))
+                covered = (
+                    "–"
+                    if stats is None or stated is None
+                    else " / ".join("yes" if value <= stated.bound else "no" for value in (stats.median, stats.p90))
+                )
+                stated_text = "–" if stated is None else f"{100 * stated.bound:.0f}"
+                print(f"| {target.recipe.name} | {source.recipe.name} | {_cells(judged)} | {stated_text} | {covered} |")
+    print("\n#### Stated transfer uncertainty per engine (what a datasheet-scaled profile states)\n")
+    print("| engine | between | held-out pairs | uncertainty % |")
+    print("|---|---|---|---|")
+    for (engine, kind), bound in sorted(bounds.items()):
+        print(f"| {engine} | {kind} devices | {bound.pairs} | {100 * bound.bound:.0f} |")
+    print("\n#### A user's run: half the sizes of a shared series fitted, the other half predicted\n")
+    print("| series (rows) | fitted sizes | predicted sizes | per-slot limit (source's) | median / max |error| % |")
+    print("|---|---|---|---|---|")
+    for label, series in SERIES.items():
+        for first in (0, 1):
+            result = fit_bench_output(PUBLIC_TABLE, "mine", ImportOptions(rows=series[first::2]))
+            _, held = import_table(PUBLIC_TABLE, "public-bench", ImportOptions(rows=series[1 - first :: 2]))
+            errors = np.abs(predicted_rows(held, result.fit.profile)["error_%"].drop_nulls().to_numpy())
+            fitted = ",".join(str(r.n_tokens) for r in result.fit.rows)
+            sizes = ",".join(str(n) for n in held["n_tokens"].to_list())
+            limits = f"{result.learned_limit} ({result.source_limit})"
+            print(f"| {label} | {fitted} | {sizes} | {limits} | {np.median(errors):.1f} / {np.max(errors):.1f} |")
+    print(f"\n(all of the above in {time.perf_counter() - started:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -262,6 +262,11 @@ def _manifest(folder: Path) -> Manifest | None:
         data = load_json(path.read_bytes(), str(path), max_depth=3)
     except (OSError, InputError):
         data = None
+    if isinstance(data, dict) and data.get("format") == "moesim-outputs/1":
+        raise InputError(
+            f"{path}: written by an older moesim, without the content of each file it lists; move the folder's old outputs "
+            f"and this manifest away (or give a new folder) to write into {folder}"
+        )
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise InputError(f"{path}: unreadable moesim output manifest (not {MANIFEST_FORMAT}); remove it to write into {folder}")
     files, folders = data.get("files"), data.get("folders", [])

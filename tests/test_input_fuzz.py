@@ -8,18 +8,45 @@ deterministic (derandomised: CI replays the same cases); bench/fuzz_inputs.py ru
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
-from fuzzing import Kind, check_boundary, corrupted, corrupted_table, kinds, snapshot
+from fuzz_surfaces import (
+    ACCEPT_OPTIONS,
+    ACCEPTED_RUN,
+    BACKEND_OPS,
+    BACKEND_OPS_SQL,
+    BATCHED_JSONL,
+    BATCHED_TABLE,
+    BENCHMARK_MOE,
+    CACHE_VALUES,
+    DEPTH_RATES,
+    DRAFTER_SPECS,
+    LLAMA_BENCH_CSV,
+    LLAMA_BENCH_MD,
+    RECORDS,
+    SERVING,
+    TextKind,
+    check_spec,
+    check_text,
+    corrupted_manifest,
+    corrupted_text,
+)
+from fuzzing import Kind, check_boundary, corrupted, corrupted_table, kinds, snapshot, to_toml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moesim.cli import main
+from moesim.errors import MoesimError
+from moesim.models import load_preset
+from moesim.sim.serving.config import load_config as load_simulation
 
 # cases per kind through the boundary in-process (11,000 in all), through the CLI in-process, in subprocesses
 QUOTA = {
@@ -107,3 +134,152 @@ def test_corrupted_inputs_in_a_subprocess(tmp_path: Path, name: str) -> None:
         _check_run(kind, tmp_path, run.returncode, run.stderr, before)
 
     case()
+
+
+# ---- issue 26: the surfaces since 0.1 -------------------------------------------------------------
+# Cases per class (derandomised, in-process): each engine importer's output, drafter specs and
+# trees, acceptance options, a recorded run's counts, the serving sections, the cache variables,
+# output manifests; the counts are in docs/validation.md.
+
+SURFACE_QUOTA = 250
+
+
+def _import_kinds() -> list[TextKind]:
+    from moesim.hw_profiles.importers import ImportOptions, import_table
+
+    def reader(**options: str) -> Callable[[Path], object]:
+        return lambda path: import_table(path, None, ImportOptions(**options))
+
+    device = reader(device="RTX 3090")
+    batched = reader(device="RTX 3090", model="qwen3-30b-a3b", weight_format="Q4_K_M")
+    return [
+        TextKind("llama-bench-md", "b.md", LLAMA_BENCH_MD, device),
+        TextKind("llama-bench-csv", "b.csv", LLAMA_BENCH_CSV, reader()),
+        TextKind("llama-bench-json", "b.json", json.dumps(RECORDS, indent=1), reader()),
+        TextKind("llama-bench-jsonl", "b.jsonl", "".join(json.dumps(r) + "\n" for r in RECORDS), reader()),
+        TextKind("batched-bench-table", "bb.txt", BATCHED_TABLE, batched),
+        TextKind("batched-bench-jsonl", "bb.jsonl", BATCHED_JSONL, batched),
+        TextKind("benchmark-moe", "moe.txt", BENCHMARK_MOE, device),
+        TextKind("test-backend-ops", "ops.txt", BACKEND_OPS, reader()),
+        TextKind("test-backend-ops-sql", "ops.sql", BACKEND_OPS_SQL, reader()),
+    ]
+
+
+IMPORT_KINDS = {kind.name: kind for kind in _import_kinds()}
+
+
+def _run_cases(strategy: st.SearchStrategy[object], check: Callable[[object], str], quota: int = SURFACE_QUOTA) -> Counter[str]:
+    outcomes: Counter[str] = Counter()
+
+    @settings(FUZZ, max_examples=quota)
+    @given(case=strategy)
+    def case(case: object) -> None:
+        outcomes[check(case)] += 1
+
+    case()
+    assert sum(outcomes.values()) >= quota
+    return outcomes
+
+
+@pytest.mark.parametrize("name", sorted(IMPORT_KINDS))
+def test_engine_importer_outputs_are_read_or_refused_in_one_line(tmp_path: Path, name: str) -> None:
+    kind = IMPORT_KINDS[name]
+    assert check_text(kind, tmp_path, kind.text, snapshot) == "ok"  # the valid document is read
+    outcomes = _run_cases(corrupted_text(kind.text), lambda text: check_text(kind, tmp_path, text, snapshot))  # type: ignore[arg-type]
+    assert outcomes["refused"] > SURFACE_QUOTA // 5 and outcomes["ok"] > 0, outcomes
+
+
+def test_drafter_specs_and_trees_are_read_or_refused_in_one_line() -> None:
+    from moesim.sim.cost.drafters import make_drafter
+
+    target = load_preset("qwen3-30b-a3b")
+    specs = st.sampled_from(DRAFTER_SPECS).flatmap(lambda spec: corrupted_text(spec + " "))
+    outcomes = _run_cases(specs, lambda spec: check_spec(lambda s: make_drafter(s.strip(), target), spec), 2 * SURFACE_QUOTA)  # type: ignore[arg-type]
+    assert outcomes["refused"] > SURFACE_QUOTA // 5 and outcomes["ok"] > 0, outcomes
+
+
+def test_acceptance_options_are_read_or_refused_in_one_line() -> None:
+    from moesim.sim.analysis.verdict import acceptance_points
+    from moesim.sim.cost.tree import TreeSpec
+
+    def read(option: tuple[str, str]) -> str:
+        which, text = option
+        lengths, rates = ([text], []) if which == "length" else ([], [text])
+        return check_spec(lambda _: acceptance_points([], lengths, rates, [], TreeSpec()), text)
+
+    options = st.one_of(
+        st.sampled_from(ACCEPT_OPTIONS).flatmap(corrupted_text).map(lambda t: ("length", t)),
+        st.sampled_from(DEPTH_RATES).flatmap(corrupted_text).map(lambda t: ("rates", t)),
+    )
+    outcomes = _run_cases(options, read)  # type: ignore[arg-type]
+    assert outcomes["refused"] > SURFACE_QUOTA // 5 and outcomes["ok"] > 0, outcomes
+
+
+def test_recorded_accepted_counts_are_read_or_refused_in_one_line(tmp_path: Path) -> None:
+    from moesim.sim.analysis.verdict import recorded_rates
+
+    kind = TextKind("accept-run", "a.csv", ACCEPTED_RUN, lambda path: recorded_rates(str(path)))
+    outcomes = _run_cases(corrupted_text(ACCEPTED_RUN), lambda text: check_text(kind, tmp_path, text, snapshot))  # type: ignore[arg-type]
+    assert outcomes["refused"] > SURFACE_QUOTA // 5 and outcomes["ok"] > 0, outcomes
+
+
+def test_serving_sections_are_read_or_refused_in_one_line(tmp_path: Path) -> None:
+    kind = Kind("serving", "s.toml", SERVING, lambda path, doc: path.write_text(to_toml(doc)), load_simulation, ())
+    assert check_boundary(kind, tmp_path / kind.file, SERVING) == "ok"
+    outcomes = _run_cases(corrupted(SERVING), lambda doc: check_boundary(kind, tmp_path / kind.file, doc), 2 * SURFACE_QUOTA)
+    assert outcomes["refused"] > SURFACE_QUOTA // 4 and outcomes["ok"] > 0, outcomes
+
+
+def test_cache_variables_are_read_or_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moesim import cache
+
+    monkeypatch.setenv("MOESIM_CACHE", "on")
+    monkeypatch.setenv("MOESIM_CACHE_DIR", str(tmp_path / "c"))
+
+    def check(value: str) -> str:
+        monkeypatch.setenv("MOESIM_CACHE_MAX_MB", value.replace("\x00", ""))
+        try:
+            cache.check_settings()
+        except MoesimError as exc:
+            assert "\n" not in str(exc) and "MOESIM_CACHE_MAX_MB" in str(exc), str(exc)
+            return "refused"
+        group = cache.group("fuzz", value)
+        assert group is not None
+        group.store("a", {"x": np.arange(8.0)})
+        assert cache.max_bytes() >= 0
+        return "ok"
+
+    values = st.one_of(st.sampled_from(CACHE_VALUES), st.text(max_size=8), st.floats(allow_nan=True).map(str))
+    outcomes = _run_cases(values, check)  # type: ignore[arg-type]
+    assert outcomes["refused"] > SURFACE_QUOTA // 5 and outcomes["ok"] > 0, outcomes
+
+
+def test_output_manifests_are_trusted_only_for_their_own_plain_files(tmp_path: Path) -> None:
+    from moesim.atomic import MANIFEST, output_dir
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file")
+    out = tmp_path / "out"
+    with output_dir(out) as staging:
+        (staging / "summary.json").write_text("{}")
+    valid = json.loads((out / MANIFEST).read_text())
+    right = valid["files"]["summary.json"]
+
+    def check(text: str) -> str:
+        (out / MANIFEST).write_text(text.replace('"right"', json.dumps(right)))
+        (out / "summary.json").write_text("{}")
+        before = snapshot(tmp_path)
+        try:
+            with output_dir(out) as staging:
+                (staging / "summary.json").write_text("{}")
+            outcome = "ok"
+        except MoesimError as exc:
+            assert "\n" not in str(exc) and str(out) in str(exc), str(exc)  # the manifest, or the file it no longer owns
+            assert snapshot(tmp_path) == before  # refused touching nothing
+            outcome = "refused"
+        assert victim.read_text() == "the user's file" and not list(tmp_path.rglob("*.part"))
+        assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "summary.json"])
+        return outcome
+
+    outcomes = _run_cases(corrupted_manifest(valid), check)  # type: ignore[arg-type]
+    assert outcomes["refused"] > SURFACE_QUOTA // 4 and outcomes["ok"] > 0, outcomes

@@ -177,7 +177,7 @@ def test_provenance_and_compression_options_fail_in_one_line(cli, tmp_path: Path
     table = tmp_path / "t.csv"
     _wide_frame(trace).write_csv(table)
     out = tmp_path / "t.arrow"
-    for text, fragment in (("[1, 2]", "one JSON object"), ("{", "not a JSON file")):
+    for text, fragment in (("[1, 2]", "one JSON object"), ("{", "not valid JSON")):
         bad = tmp_path / "p.json"
         bad.write_text(text)
         code, _, err = cli("trace", "import", table, "--model", "deepseek-v2-lite", "--provenance", bad, "--out", out)

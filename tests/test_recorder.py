@@ -180,7 +180,7 @@ def test_recording_bad_inputs_fail_with_one_line_and_no_file(cli, llama_model: P
     bad_jsonl = tmp_path / "bad.jsonl"
     bad_jsonl.write_text('{"prompt": "fine"}\n{"prompt": "broken"\n')
     code, _, err = cli("trace", "record", llama_model, "--prompts", bad_jsonl, "--out", out)
-    assert_one_line_error(code, err, "bad.jsonl", "line 2", "invalid JSON")
+    assert_one_line_error(code, err, "bad.jsonl", "line 2", "not valid JSON")
     no_field = tmp_path / "nofield.jsonl"
     no_field.write_text('{"text": "hello"}\n')
     code, _, err = cli("trace", "record", llama_model, "--prompts", no_field, "--out", out)

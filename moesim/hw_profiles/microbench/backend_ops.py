@@ -144,13 +144,13 @@ def parse_backend_ops_perf(text: str, source: str = "log") -> list[MulMatIdCase]
     return cases
 
 
-def backend_of(backend_name: str) -> str:
+def backend_of(backend_name: str, where: str = "test-backend-ops") -> str:
     """moesim's backend for a ggml backend name (CUDA0 -> cuda, Metal/MTL0 -> metal, CPU -> cpu)."""
     name = backend_name.lower()
     for prefix, backend in (("cuda", "cuda"), ("metal", "metal"), ("mtl", "metal"), ("cpu", "cpu"), ("vulkan", "vulkan")):
         if name.startswith(prefix):
             return backend
-    raise InputError(f"cannot tell the backend of '{backend_name}' (pass --backend {'|'.join(LLAMACPP_BACKENDS)})")
+    raise InputError(f"{where}: cannot tell the backend of '{backend_name}' (pass --backend {'|'.join(LLAMACPP_BACKENDS)})")
 
 
 @cache
@@ -198,7 +198,7 @@ def import_backend_ops(path: Path, backend: str | None = None, per_slot_max_toke
         if weight_format not in WEIGHT_FORMATS:
             skipped[case.type_a] = skipped.get(case.type_a, 0) + 1
             continue
-        case_backend = backend or backend_of(case.backend_name)
+        case_backend = backend or backend_of(case.backend_name, str(path))
         name = f"mul_mat_id E{case.n_mats} k{case.n_used} {case.m}x{case.k}"
         shape = MoeShape(name, case.k, case.m, case.n_mats, case.n_used, weight_format)
         features, expected_distinct = expected_uniform_features(case.n, case.n_mats, case.n_used, seed)

@@ -169,7 +169,7 @@ def parse_batch_sizes(text: str, option: str = "--batch") -> list[int]:
     """'1,2,4' -> [1, 2, 4]; an empty item, a non-integer or a size below 1 is one line."""
     if len(text) > 1 << 16:
         raise InputError(f"{option}: {len(text)} characters, more than any list of sizes needs")
-    sizes = [parse_int(b, f"{option} (comma-separated integers)", None, 1 << 20) for b in text.split(",")]
+    sizes = [parse_int(b, f"{option} '{text[:60]}' (comma-separated integers)") for b in text.split(",")]
     if min(sizes) < 1:
         raise InputError(f"{option} sizes must be >= 1, got {min(sizes)}")
     return sizes

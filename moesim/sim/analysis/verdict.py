@@ -172,7 +172,7 @@ def acceptance_points(
         if not sep:
             raise InputError(f"--accept-len must be LENGTH@DRAFT_LEN (e.g. 2.4@3), got '{text}'")
         k = parse_int(at, f"--accept-len '{text}': draft length", 1, LARGEST_PASS - 1)  # a verify pass of k + 1 tokens
-        value = parse_float(length, f"--accept-len '{text}': length (tokens per pass, bonus included)", 1.0, float(k + 1))
+        value = parse_float(length, f"--accept-len '{text}': length (tokens per pass, bonus included)")  # its range: solve_alpha
         points.append(AcceptancePoint(f"length {value:g} at k={k}", np.array([solve_alpha(tree, k, value, sibling_rate)])))
     for text in depth_rates:
         items = [r for r in text.split(",") if r.strip()]

@@ -171,6 +171,14 @@ class TreeSpec:
         if any(not p or min(p) < 0 for p in self.paths):
             raise ConfigError("tree paths must be non-empty lists of ranks >= 0")
 
+    def check_depth(self, draft_len: int) -> None:
+        """Refuse a draft length deeper than an explicit tree reaches."""
+        if self.max_depth is not None and draft_len > self.max_depth:
+            raise ConfigError(
+                f"the policy drafts up to {draft_len} tokens, deeper than the drafter's tree ({self.label()} reaches depth "
+                f"{self.max_depth}); give a deeper tree or a smaller k"
+            )
+
     @property
     def is_chain(self) -> bool:
         """One draft per step (the chain moesim always verified)."""

@@ -32,7 +32,6 @@ from moesim.errors import ConfigError, MoesimError
 from moesim.fields import Checked, FieldError, build, build_entry, checked, require
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
-from moesim.machine import check_fits
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
 from moesim.sim.cost.parallel import ALL_REDUCES, Parallelism, parallelism_on
@@ -40,7 +39,7 @@ from moesim.sim.cost.steptime import default_engine
 from moesim.sim.cost.tree import TreeSpec, parse_tree
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
 from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tree
-from moesim.sim.serving.memory import KVBudget, MemorySection, kv_budget
+from moesim.sim.serving.memory import KVBudget, MemorySection, check_longest_request, check_sizes, kv_budget
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import read_toml
@@ -437,24 +436,11 @@ def placement(config: SimConfig) -> tuple[Parallelism, KVBudget | None]:
         budget = kv_budget(config.memory, preset, fmt, draft, device, parallel, host)
     except ConfigError as exc:
         raise ConfigError(f"{source}: key 'memory': {exc}") from None
-    _check_longest_request_fits(config, budget)
+    try:
+        check_longest_request(budget, config.workload, [config.policy, *(config.study.policies if config.study else ())])
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: key 'memory.pages': {exc}") from None
     return parallel, budget
-
-
-def _check_longest_request_fits(config: SimConfig, budget: KVBudget) -> None:
-    """Refuse pages too few for the longest request alone (prompt, output and the widest verify
-    pass): such a request would wait for ever and the run 'complete' without it."""
-    workload = config.workload
-    longest = max(p + o for p, o in zip(workload.prompts, workload.outputs, strict=True))
-    caps = [config.policy.k_cap, *(p.k_cap for p in (config.study.policies if config.study else ()))]
-    tokens = longest + max(caps) + 1
-    needed = -(-tokens // budget.block_tokens)
-    if needed > budget.pages:
-        raise ConfigError(
-            f"{config.source}: key 'memory.pages': {budget.pages} pages of {budget.block_tokens} tokens hold "
-            f"{budget.pages * budget.block_tokens} tokens; the longest request needs {tokens} ({needed} pages: prompt and output "
-            f"{longest}, a verify pass of {max(caps) + 1}), so it could never run"
-        )
 
 
 def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudySection:
@@ -554,7 +540,7 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
             path = trace.path_for(model)
             if model is None or not path.is_file():  # type: ignore[union-attr]
                 raise ConfigError(f"{source}: key 'trace.path': no such trace file {path} (model {model})")
-    _check_size(config)
+    check_sizes(config)
     return config
 
 
@@ -571,16 +557,14 @@ def _with_drafter_tree(config: SimConfig) -> SimConfig:
     workloads = [("acceptance", config.acceptance)] + [
         (f"study.workloads.{n}", a) for n, a in (config.study.workloads if config.study else ())
     ]
-    if tree.paths:
-        policies = [("policy", config.policy)] + [
-            (f"study.policies[{i}]", p) for i, p in enumerate(config.study.policies if config.study else ())
-        ]
-        for section, policy in policies:
-            if policy.k_cap > (tree.max_depth or 0):
-                raise ConfigError(
-                    f"{config.source}: key '{section}': the policy drafts up to {policy.k_cap} tokens, deeper than the drafter's "
-                    f"tree ({tree.label()} reaches depth {tree.max_depth}); give a deeper tree or a smaller k"
-                )
+    policies = [("policy", config.policy)] + [
+        (f"study.policies[{i}]", p) for i, p in enumerate(config.study.policies if config.study else ())
+    ]
+    for section, policy in policies:
+        try:
+            tree.check_depth(policy.k_cap)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.source}: key '{section}': {exc}") from None
     if not tree.is_chain:
         if config.cost.kind != "steptime":
             raise ConfigError(
@@ -599,41 +583,6 @@ def _with_drafter_tree(config: SimConfig) -> SimConfig:
     if study is not None:
         study = dataclasses.replace(study, workloads=tuple((n, shaped.get(id(a), a)) for n, a in study.workloads))
     return dataclasses.replace(config, acceptance=shaped.get(id(config.acceptance), config.acceptance), study=study)
-
-
-RECORD_BYTES_PER_STEP = 160  # the server's records per request and iteration (Python lists), measured order
-
-
-MAX_STUDY_STEPS = 1 << 34  # request steps a study simulates (hours at the server's rate of 10^6 steps/s)
-REFERENCE_STEPS_PER_S = 1e6  # the order of the server's rate, for the time an estimate names
-
-
-def _check_size(config: SimConfig) -> None:
-    """Refuse, with the estimate, a run whose records cannot fit memory: at most one step per
-    request and output token (speculation off), for the run and its speculation-off twin; a
-    closed loop run for a duration with a pass-cost table completes at most one pass per
-    table entry's time; a study runs every cell."""
-    run = config.run
-    tokens = sum(config.workload.outputs) / len(config.workload.outputs)
-    requests = run.requests or (config.arrivals.rate_per_s or 0.0) * run.duration_s
-    key = "run.requests" if run.requests else "run.duration_s"
-    if not run.requests and config.arrivals.kind == "closed" and config.cost.kind == "table":
-        requests = config.arrivals.concurrency * run.duration_s * 1e6 / (min(config.cost.target_us) * tokens)
-    try:
-        check_fits("the simulation's records", 2 * requests * tokens * RECORD_BYTES_PER_STEP)
-    except MoesimError as exc:
-        raise ConfigError(f"{config.source}: key '{key}': {requests:.3g} requests of {tokens:.0f} tokens: {exc}") from None
-    study = config.study
-    if study is not None:
-        axes = (study.models, study.workloads, study.policies, study.batches, study.devices)
-        cells = math.prod(max(len(axis), 1) for axis in axes)
-        steps = 2 * cells * requests * tokens
-        if steps > MAX_STUDY_STEPS:
-            raise ConfigError(
-                f"{config.source}: key 'study': {cells:,} cells of {requests:.3g} requests of {tokens:.0f} tokens are about "
-                f"{steps:.3g} simulated steps (some {steps / REFERENCE_STEPS_PER_S / 3600:.3g} hours at "
-                f"{REFERENCE_STEPS_PER_S:.0e} steps/s), more than {MAX_STUDY_STEPS:.3g}: fewer cells or requests"
-            )
 
 
 def load_config(path: str | Path) -> SimConfig:

@@ -26,9 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from moesim.errors import ConfigError
+from moesim.errors import ConfigError, MoesimError
 from moesim.fields import require
 from moesim.hw_profiles.catalog import DeviceSpec, LinkSpec
+from moesim.machine import check_fits
 from moesim.models import ModelPreset
 from moesim.sim.cost.parallel import Parallelism
 
@@ -163,3 +164,63 @@ class KVCache:
         """Every page of the request back to the pool."""
         self.free += request.kv_pages
         request.kv_pages = 0
+
+
+RECORD_BYTES_PER_STEP = 160  # the server's records per request and iteration (Python lists), measured order
+MAX_STUDY_STEPS = 1 << 34  # request steps a study simulates (hours at the server's rate of 10^6 steps/s)
+REFERENCE_STEPS_PER_S = 1e6  # the order of the server's rate, for the time an estimate names
+
+
+def check_records(requests: float, tokens: float, cells: int = 1) -> None:
+    """Refuse, with the estimate, a run whose records cannot fit memory: at most one step per
+    request and output token (speculation off), for the run and its speculation-off twin."""
+    try:
+        check_fits("the simulation's records", 2 * requests * tokens * RECORD_BYTES_PER_STEP)
+    except MoesimError as exc:
+        raise ConfigError(f"{requests:.3g} requests of {tokens:.0f} tokens: {exc}") from None
+
+
+def check_study(requests: float, tokens: float, cells: int) -> None:
+    """Refuse, with the estimate of its time, a study of more than MAX_STUDY_STEPS request steps
+    (each cell run with speculation and without)."""
+    steps = 2 * cells * requests * tokens
+    if steps > MAX_STUDY_STEPS:
+        raise ConfigError(
+            f"{cells:,} cells of {requests:.3g} requests of {tokens:.0f} tokens are about {steps:.3g} simulated steps (some "
+            f"{steps / REFERENCE_STEPS_PER_S / 3600:.3g} hours at {REFERENCE_STEPS_PER_S:.0e} steps/s), more than "
+            f"{MAX_STUDY_STEPS:.3g}: fewer cells or requests"
+        )
+
+
+def check_longest_request(budget: KVBudget, workload: Any, policies: list[Any]) -> None:
+    """Refuse pages too few for the longest request of the workload alone (its prompt and output,
+    and the widest verify pass of the policies): it would wait for ever and the run 'complete'
+    without it."""
+    longest_tokens = max(p + o for p, o in zip(workload.prompts, workload.outputs, strict=True))
+    verify_tokens = max(p.k_cap for p in policies) + 1
+    tokens = longest_tokens + verify_tokens
+    needed = -(-tokens // budget.block_tokens)
+    if needed > budget.pages:
+        raise ConfigError(
+            f"{budget.pages} pages of {budget.block_tokens} tokens hold {budget.pages * budget.block_tokens} tokens; the longest "
+            f"request needs {tokens} ({needed} pages: prompt and output {longest_tokens}, a verify pass of {verify_tokens}), so "
+            "it could never run"
+        )
+
+
+def check_sizes(config: Any) -> None:
+    """Refuse, with the estimate, a simulation config (`SimConfig`) whose records cannot fit memory
+    (`check_records`) or whose study is too long (`check_study`); a closed loop run for a duration
+    with a pass-cost table completes at most one pass per table entry's time."""
+    run, source = config.run, config.source
+    tokens = sum(config.workload.outputs) / len(config.workload.outputs)
+    requests = run.requests or (config.arrivals.rate_per_s or 0.0) * run.duration_s
+    if not run.requests and config.arrivals.kind == "closed" and config.cost.kind == "table":
+        requests = config.arrivals.concurrency * run.duration_s * 1e6 / (min(config.cost.target_us) * tokens)
+    study = config.study
+    axes = (study.models, study.workloads, study.policies, study.batches, study.devices) if study else ()
+    for key, check in (("run.requests" if run.requests else "run.duration_s", check_records), ("study", check_study)):
+        try:
+            check(requests, tokens, math.prod(max(len(axis), 1) for axis in axes))
+        except MoesimError as exc:
+            raise ConfigError(f"{source}: key '{key}': {exc}") from None

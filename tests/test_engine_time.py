@@ -74,6 +74,7 @@ def test_units_of_the_sources() -> None:
     assert forward_time_us(7.07, "TPOT ms", 1) == pytest.approx(7070.0)
     assert token_time_us(4.37, "TPOT ms") == pytest.approx(4370.0)
     assert token_time_us(250.0, "output throughput tok/s") == pytest.approx(4000.0)
+    assert token_time_us(40.0, "Generation tokens-per-sec") == pytest.approx(25_000.0)  # "generation" is no ratio
     with pytest.raises(ConfigError, match="ratio"):
         token_time_us(1.5, "speedup ratio (x)")
 

@@ -156,7 +156,7 @@ def test_verdict_by_hand_and_the_deciding_term(qwen3_trace: Path) -> None:
     assert flat.relative_cost[k] == pytest.approx(1.0, abs=0.01)  # a huge time per forward makes every pass cost the same
 
 
-def test_an_uncertain_engine_term_makes_the_verdict_uncertain_and_names_it(qwen3_trace: Path) -> None:
+def test_an_uncertain_engine_term_makes_the_verdict_uncertain_and_names_it(cli, qwen3_trace: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from moesim.sim.analysis.verdict import spec_costs
 
     scenario = load_scenario(qwen3_trace, "nvidia-h200", None, None, "eagle3")
@@ -178,6 +178,29 @@ def test_an_uncertain_engine_term_makes_the_verdict_uncertain_and_names_it(qwen3
     assert "fit_engine_terms" in verdict.calibrate and verdict.to_dict()["uncertain_by"] == "engine iteration_us"
     sure = verdict_with(0.5 * even, 0.0)  # known exactly and far from even: the kernels' box alone, which does not reach 1
     assert sure.verdict == "pays" and "uncertain_by" not in sure.to_dict()
+    # the command line: a profile file with the uncertain term, the deciding part and how to calibrate it printed
+    spec = dataclasses.replace(spec_path(iteration_us=0.9 * even, heldout_error=0.0), uncertainty={"iteration_us": 0.9})
+    profile = tmp_path / "uncertain.toml"
+    profile.write_text(profile_to_toml(with_spec_path(load_profile("nvidia-h200"), spec)))
+    args = (
+        "best-draft",
+        "--trace",
+        qwen3_trace,
+        "--profile",
+        profile,
+        "--drafter",
+        "eagle3",
+        "--alpha",
+        "0.7",
+        "--max-draft",
+        "4",
+        "--verdict",
+    )
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert "uncertain" in out and "calibrate: alpha=0.7: uncertain, decided by engine iteration_us" in " ".join(out.split())
+    code, out, err = cli(*args, "--json")
+    assert code == 0 and json.loads(out)["verdict"][0]["uncertain_by"] == "engine iteration_us"
 
 
 def test_best_draft_cli_takes_acceptance_lengths_rates_and_runs(cli, qwen3_trace: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -21,14 +21,14 @@ SCORINGS = ("verify-pass", "batch-expansion")
 
 @dataclass(frozen=True)
 class EngineHost:
-    """One engine (and version range): its forwards' graph capture and its speculative path's shape."""
+    """One engine (and version range): its forwards' graph capture and how it scores drafts (its
+    trees, chains and draft heads are the drafters', `moesim.sim.cost.drafters`; the citation says which it builds)."""
 
     key: str
     name: str
     graph_max_tokens: int  # the widest forward it captures (0: none; every forward eager)
     verify_eager: bool  # verify passes run outside the graph
     scoring: str  # "verify-pass" (one forward over every draft), "batch-expansion" (vLLM V0: each draft a sequence)
-    trees: bool  # builds draft trees (else chains)
     citation: str
 
 
@@ -36,32 +36,32 @@ ENGINE_HOSTS = {
     h.key: h
     for h in (
         EngineHost(
-            "vllm-v0", "vLLM V0", 256, False, "batch-expansion", False,
+            "vllm-v0", "vLLM V0", 256, False, "batch-expansion",
             "vllm/worker/model_runner.py (V0): _BATCH_SIZES_TO_CAPTURE = [1, 2, 4] + range(8, 257, 8); spec_decode/"
             "batch_expansion.py: BatchExpansionTop1Scorer, the V0 default (MQAScorer beside it from vllm-project/vllm#5691)",
         ),
         EngineHost(
-            "vllm-v1", "vLLM V1", 512, False, "verify-pass", False,
+            "vllm-v1", "vLLM V1", 512, False, "verify-pass",
             "vllm/config (V1): cudagraph_capture_sizes default [1, 2, 4] + range(8, 513, 8), piecewise graphs (attention "
             "outside); EAGLE drafter in piecewise graphs (vllm-project/vllm#21477); chain drafts (trees from late 2025)",
         ),
         EngineHost(
-            "sglang", "SGLang", 160, False, "verify-pass", True,
+            "sglang", "SGLang", 160, False, "verify-pass",
             "sglang server_args: --cuda-graph-max-bs (160 by default on large GPUs, assumed); EAGLE verify captured per batch "
             "size and num_draft_tokens (docs.sglang.io speculative_decoding); draft-extend eager before sgl-project/sglang#6606",
         ),
         EngineHost(
-            "llama.cpp", "llama.cpp", 1, True, "verify-pass", False,
+            "llama.cpp", "llama.cpp", 1, True, "verify-pass",
             "ggml-org/llama.cpp#6766 (Apr 2024): CUDA graphs for single-token decode only (disabled for batch > 1); Metal "
             "and Vulkan encode every forward (no graphs); llama-speculative drafts chains",
         ),
         EngineHost(
-            "mlx-lm", "MLX-LM", 0, True, "verify-pass", False,
+            "mlx-lm", "MLX-LM", 0, True, "verify-pass",
             "ml-explore/mlx-examples#1155: mlx_lm speculative generation with a draft model, chains; MLX builds and "
             "evaluates each forward's graph lazily (no captured graphs)",
         ),
         EngineHost(
-            "tensorrt-llm", "TensorRT-LLM", NO_GRAPH_LIMIT, False, "verify-pass", True,
+            "tensorrt-llm", "TensorRT-LLM", NO_GRAPH_LIMIT, False, "verify-pass",
             "NVIDIA TensorRT-LLM docs (speculative decoding: EAGLE, Medusa trees, draft-target); compiled engines, CUDA "
             "graphs optional (assumed: every forward priced as captured)",
         ),

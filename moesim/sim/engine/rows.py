@@ -45,7 +45,7 @@ class StepDescription:
     context_tokens: int = 0
     eager: bool | None = None
     tokens_per_sequence: int = 0  # 0: the row's tokens_per_pass
-    expanded: bool = False  # vLLM V0's batch expansion: every scored token its own sequence
+    expanded: bool | None = None  # every scored token its own sequence; None: as the engine scores (vLLM V0's batch expansion)
     note: str = ""
 
 
@@ -95,7 +95,7 @@ def token_time_us(value: float, metric: str) -> float:
     metric = metric.lower()
     if "tpot" in metric:
         return 1e3 * value
-    if re.search(r"tok|t/s|tps", metric) and "ratio" not in metric:
+    if re.search(r"tok|t/s|tps", metric) and not re.search(r"\bratio\b", metric):
         return 1e6 / value
     raise ConfigError(f"speculative-run metric '{metric}' is not a rate or a time per token")
 
@@ -142,13 +142,14 @@ def describe(steps_table: Path = STEPS_TABLE, runs_table: Path = RUNS_TABLE, des
         batch = _int(record["batch"], 1)
         per_pass = _int(record["tokens_per_pass"], 1)
         tokens = batch * (d.tokens_per_sequence or per_pass)  # type: ignore[attr-defined]
+        expanded = d.expanded if d.expanded is not None else ENGINE_HOSTS[key].scoring == "batch-expansion" and tokens > batch  # type: ignore[attr-defined]
         steps.append(
             {
                 "row": i, "source_url": record["source_url"], "engine": record["engine"], "engine_key": key,
                 "device_key": d.device, "preset": d.preset, "weight_format": d.weight_format,  # type: ignore[attr-defined]
                 "tp": _int(record["tp"], 1), "batch": batch, "tokens_per_forward": tokens,
                 "context_tokens": d.context_tokens, "eager": _eager(d, record, key, tokens),  # type: ignore[arg-type, attr-defined]
-                "sequences": tokens if d.expanded else batch, "verified_tokens": tokens if d.expanded else 0,  # type: ignore[attr-defined]
+                "sequences": tokens if expanded else batch, "verified_tokens": tokens if expanded else 0,
                 "time_us": forward_time_us(float(record["value"]), record["unit"], per_pass),
             }
         )  # fmt: skip
@@ -196,7 +197,7 @@ def run_reason(record: dict) -> str:
         return "concurrency not stated (baselines of 1.2-3.7k tok/s: many requests in flight); no MI300X in the catalog"
     if "hybrid" in target or "GDN" in target:
         return "dense-FFN hybrid with Gated DeltaNet attention: verify rolls back recurrent state, no preset"
-    if "ratio" in record["metric"]:
+    if re.search(r"\bratio\b", record["metric"]):
         return "speedup ratios read from figures, no acceptance, tensor parallel over 4 devices"
     if device.startswith("NA") or device.startswith("2 GPUs") or device.startswith("one 24GB"):
         return "device not named in the source"

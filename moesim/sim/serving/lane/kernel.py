@@ -74,7 +74,10 @@ def serve(
 ):  # fmt: skip
     """Run up to max_iters server iterations (see the module docstring); returns (status, iterations, clock).
     cfg = k, k cap, token budget, chunked, windows, verify tokens k + 1 (1) or max(k, 1) (0), table
-    mode, KV block tokens, extended, max batch, closed, total requests, region rows, region stride."""
+    mode, KV block tokens, extended, max batch, closed, total requests, region rows, region stride.
+    tables = (verify, draft) µs per pass size in table mode; in trace mode (unused, the engine's
+    overhead O of a drafting iteration flat at longest·(max batch·(k cap + 1) + 1) + verified
+    tokens, one zero without engine terms: `custody._overhead_table`)."""
     k_fixed, k_cap, budget, chunked, windows, extra, table_mode, block = cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7]
     extended, max_batch, closed, total, region_rows, stride = cfg[8], cfg[9], cfg[10], cfg[11], cfg[12], cfg[13]
     verify_tab, draft_tab = tables

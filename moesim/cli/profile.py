@@ -232,8 +232,9 @@ def profile_fit_engine(
     if rows is not None:
         check_out_dir(rows, force)
     context = context_of_options(from_options(RunContext, options, RUN_OPTIONS), model=model)
+    base = load_profile(profile)
     read = read_outputs(outputs, context, run_format)
-    result = fit_user_engine(read, paths, load_profile(profile), model, weight_format, drafter, context.device, name or out.stem)
+    result = fit_user_engine(read, paths, base, model, weight_format, drafter, context.device, name or out.stem)
     spec = result.fit.spec
     title = f"{spec.engine} on {result.device_key}: {len(read.steps)} plain-decoding rows, {len(read.runs)} speculative"
     render_table(result.rows_table(), title=title, caption="µs; predicted = kernels (the device's datasheet dense family) + the terms")

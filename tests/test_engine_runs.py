@@ -343,12 +343,19 @@ def test_real_llama_cpp_timing_lines_are_read(tmp_path: Path, capfd: pytest.Capt
     import llama_cpp
 
     from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_tiny_model
+    from moesim.tracegen.llamacpp.runtime import runtime
 
     model = build_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(arch="llama", experts=0, layers=2))
-    capfd.readouterr()
-    llm = llama_cpp.Llama(str(model), n_ctx=256, n_threads=1, verbose=True)
-    llm.create_completion("hello world", max_tokens=24, temperature=0.0)
-    del llm
+    # llama.cpp's log is process-wide: moesim's runtime (which other tests may have loaded) routes it
+    # to stderr only when verbose, so ask for it here whatever ran before
+    logs = runtime(verbose=True)
+    try:
+        capfd.readouterr()
+        llm = llama_cpp.Llama(str(model), n_ctx=256, n_threads=1, verbose=True)
+        llm.create_completion("hello world", max_tokens=24, temperature=0.0)
+        del llm
+    finally:
+        logs.verbose = False
     captured = capfd.readouterr()
     log = tmp_path / "llama-cli.log"
     log.write_text(captured.out + captured.err)

@@ -175,7 +175,7 @@ def test_an_uncertain_engine_term_makes_the_verdict_uncertain_and_names_it(cli, 
     verdict = verdict_with(0.9 * even, 0.9)
     assert verdict.speedup > 1.0 > verdict.speedup_low
     assert verdict.verdict == "uncertain" and verdict.uncertain_by == "engine iteration_us"
-    assert "fit_engine_terms" in verdict.calibrate and verdict.to_dict()["uncertain_by"] == "engine iteration_us"
+    assert "moesim profile fit-engine" in verdict.calibrate and verdict.to_dict()["uncertain_by"] == "engine iteration_us"
     sure = verdict_with(0.5 * even, 0.0)  # known exactly and far from even: the kernels' box alone, which does not reach 1
     assert sure.verdict == "pays" and "uncertain_by" not in sure.to_dict()
     # the command line: a profile file with the uncertain term, the deciding part and how to calibrate it printed

@@ -207,13 +207,17 @@ def profile_fit_engine(
     ],
     profile: Annotated[str, typer.Option(help="Profile of the device (built-in name or TOML): the kernels the engine's time adds to.")],
     model: Annotated[str, typer.Option(help="The target's dense preset (name, .toml or config.json).")],
-    out: Annotated[Path, typer.Option(help="Profile TOML to write: the profile with the engine's fitted terms as its speculative table."), OUT_FILE],
+    out: Annotated[
+        Path, typer.Option(help="Profile TOML to write: the profile with the engine's fitted terms as its speculative table."), OUT_FILE
+    ],
     weight_format: FormatOpt = None,
     drafter: Annotated[
         str | None, typer.Option(help="Drafter of the speculative runs (a drafter spec, e.g. a draft preset): prices their drafting.")
     ] = None,
     run_format: Annotated[str | None, typer.Option(help="The outputs' format (default: detected from each file's content).")] = None,
-    rows: Annotated[Path | None, typer.Option(help="Also write the rows read (decode_steps.csv, speculative_runs.csv) here."), OUT_DIR] = None,
+    rows: Annotated[
+        Path | None, typer.Option(help="Also write the rows read (decode_steps.csv, speculative_runs.csv) here."), OUT_DIR
+    ] = None,
     force: ForceOpt = False,
     name: Annotated[str | None, typer.Option(help="Profile name (default: the output file's stem).")] = None,
     **options: Any,

@@ -53,7 +53,7 @@ CALIBRATE = {
     "expert kernels": "time the expert operation on this device (`moesim microbench llama-cpp` or `torch`), fit it (`moesim profile fit`)",
     "dense kernels": "time plain decoding of a dense model on this device and fit the profile's dense family (`moesim profile fit`)",
     "engine": "time plain decoding at batch 1 and a few batch sizes and one speculative run on this engine (vllm bench latency, "
-    "llama-bench tg, mlx_lm.generate) and fit its terms (moesim.sim.engine.fit_engine_terms) into the profile's [speculative] table",
+    "llama-bench tg, mlx_lm.generate) and fit its terms into the profile's [speculative] table (`moesim profile fit-engine`)",
 }
 
 

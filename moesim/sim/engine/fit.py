@@ -63,7 +63,8 @@ def device_profile(device_key: str) -> HardwareProfile:
     return dataclasses.replace(base, name=name, dense=dense, speculative=None, pass_fixed_us=0.0, dispatch=None)
 
 
-def _model(preset: str, device_key: str, weight_format: str, tp: int) -> StepTimeModel:
+def forward_model(preset: str, device_key: str, weight_format: str, tp: int) -> StepTimeModel:
+    """A forward's kernels as the fit prices them: the preset on the device's datasheet dense family, TP over its peer link."""
     spec = device_spec(device_key)
     parallel = Parallelism(tp, link=link_spec(spec.peer_link)) if tp > 1 else Parallelism()
     return StepTimeModel(load_preset(preset), device_profile(device_key), "per_slot", weight_format, parallel=parallel)
@@ -118,7 +119,7 @@ def step_equations(frame: pl.DataFrame) -> list[Equation]:
     forward as measured (eager or in a graph), a batch-expansion scorer's expanded tokens verified."""
     out = []
     for r in frame.iter_rows(named=True):
-        model = _model(r["preset"], r["device_key"], r["weight_format"], int(r["tp"]))
+        model = forward_model(r["preset"], r["device_key"], r["weight_format"], int(r["tp"]))
         n, sequences, layers = int(r["tokens_per_forward"]), int(r["sequences"]), model.preset.layers
         kernel = model.dense_pass_us(n, float(r["context_tokens"]) * sequences, sequences)
         verified, eager = int(r["verified_tokens"]), bool(r["eager"])
@@ -154,7 +155,7 @@ def run_parts(frame: pl.DataFrame) -> list[RunParts]:
     """Kernel times and equations of speculative-run rows (fit layout: `rows.RUN_COLUMNS`)."""
     out = []
     for r in frame.iter_rows(named=True):
-        model = _model(r["preset"], r["device_key"], r["weight_format"], int(r["tp"]))
+        model = forward_model(r["preset"], r["device_key"], r["weight_format"], int(r["tp"]))
         drafter = run_drafter(r["preset"], r["drafter"], r["weight_format"], r["draft_format"])
         k, batch, context = int(r["draft_len"]), int(r["batch"]), float(r["context_tokens"])
         width, layers = drafter.tree.width(k), model.preset.layers

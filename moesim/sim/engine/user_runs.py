@@ -37,8 +37,7 @@ from moesim.hw_profiles.engines.host import ENGINE_HOSTS, engine_of
 from moesim.hw_profiles.importers.names import resolve_formats
 from moesim.hw_profiles.speculative import SPEC_TERMS
 from moesim.models import load_preset
-from moesim.sim.engine.fit import EngineFit, fit_engine_terms, graph_limit
-from moesim.sim.engine.fit import _model as forward_model  # a forward's kernels as fit_engine_terms prices them
+from moesim.sim.engine.fit import EngineFit, fit_engine_terms, forward_model, graph_limit
 
 
 @dataclass(frozen=True)

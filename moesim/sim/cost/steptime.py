@@ -28,7 +28,7 @@ from moesim.hw_profiles.families import ExpertFamily, ExpertInputs, LayerSum
 from moesim.hw_profiles.ladder.rungs import RUNGS, worst_rung
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
-from moesim.models import ExpertShape, ModelPreset
+from moesim.models import ExpertShape, ModelPreset, bytes_per_weight
 from moesim.sim.cost.fast_pass import PassTables
 from moesim.sim.cost.layer_tables import FamilyTables
 from moesim.sim.cost.parallel import Parallelism
@@ -361,11 +361,17 @@ class StepTimeModel:
         for f in tables.families_of(n_tokens):
             tables.add_table(int(f), n_tokens, self.layer_time_table(self.families[f], n_tokens))
 
-    def _plus_dense(self, expert_us: float, n_tokens: float, context_tokens: float, sequences: float) -> float:
+    def _plus_dense(
+        self, expert_us: float, n_tokens: float, context_tokens: float, sequences: float, logits: tuple[float, float] | None = None
+    ) -> float:
         """A pass's expert time plus its dense part (attention's FLOPs where the profile prices
-        them), fixed time and, over several devices, collectives."""
+        them), fixed time and, over several devices, collectives; `logits` as `dense_pass_us`."""
         weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
-        dense = float(self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * n_tokens, kernels))
+        flops = 2.0 * params * n_tokens
+        if logits is not None:
+            head_bytes, head_flops = self._head_saved(n_tokens, *logits)
+            weight_bytes, flops = weight_bytes - head_bytes, flops - head_flops
+        dense = float(self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, flops, kernels))
         if np.isfinite(self.profile.dense.attention_tflops):
             flops = self.preset.attention_flops_per_context_token() * n_tokens / sequences * context_tokens
             dense += float(self.profile.dense.attention_us(flops / self.parallel.devices))
@@ -374,9 +380,21 @@ class StepTimeModel:
             return total + ((self.comm_us(n_tokens) if self.parallel.devices > 1 else 0.0) + self.engine_us(n_tokens))
         return total + self.comm_us(n_tokens) if self.parallel.devices > 1 else total
 
-    def dense_pass_us(self, n_tokens: float, context_tokens: float, sequences: float = 1.0) -> float:
-        """A pass of a dense target (no experts) of `sequences` requests: dense family + fixed time + collectives."""
-        return self._plus_dense(0.0, n_tokens, context_tokens, sequences)
+    def dense_pass_us(
+        self, n_tokens: float, context_tokens: float, sequences: float = 1.0, logits: tuple[float, float] | None = None
+    ) -> float:
+        """A pass of a dense target (no experts) of `sequences` requests: dense family + fixed time + collectives.
+        `logits` = (head_share, logit_rows): the share of such passes that run the output head and the
+        rows it runs on (llama-bench's prompt tests: one head per n_batch chunk, on its last row;
+        `moesim.hw_profiles.importers.rows.prompt_scope`); None: every pass, on every token (decode, verify)."""
+        return self._plus_dense(0.0, n_tokens, context_tokens, sequences, logits)
+
+    def _head_saved(self, n_tokens: float, head_share: float, logit_rows: float) -> tuple[float, float]:
+        """(bytes, FLOPs) the output head does not spend against every pass on every token:
+        head bytes·(1 − share), 2·head params·(n − share·rows) (one device's share)."""
+        p, devices = self.preset, self.parallel.devices
+        head = p.lm_head_params() / devices
+        return head * bytes_per_weight(self.weight_format) * (1.0 - head_share), 2.0 * head * (n_tokens - head_share * logit_rows)
 
     def rank_pass_us(
         self, distinct: np.ndarray, most: np.ndarray, slots: np.ndarray, n_tokens: int, context_tokens: float, sequences: float = 1.0

@@ -121,7 +121,8 @@ def step_equations(frame: pl.DataFrame) -> list[Equation]:
     for r in frame.iter_rows(named=True):
         model = forward_model(r["preset"], r["device_key"], r["weight_format"], int(r["tp"]))
         n, sequences, layers = int(r["tokens_per_forward"]), int(r["sequences"]), model.preset.layers
-        kernel = model.dense_pass_us(n, float(r["context_tokens"]) * sequences, sequences)
+        logits = (float(r.get("head_share", 1.0)), float(r.get("logit_rows", n)))
+        kernel = model.dense_pass_us(n, float(r["context_tokens"]) * sequences, sequences, logits)
         verified, eager = int(r["verified_tokens"]), bool(r["eager"])
 
         def cost(unit: SpecPath, n: int = n, layers: int = layers, eager: bool = eager, verified: int = verified) -> float:

@@ -21,6 +21,7 @@ import polars as pl
 from moesim.errors import ConfigError
 from moesim.fields import build
 from moesim.hw_profiles.engines.host import ENGINE_HOSTS, engine_of
+from moesim.hw_profiles.importers.rows import prompt_scope
 from moesim.tomlfile import read_toml
 
 DATA = Path("data/engine-overheads")
@@ -29,7 +30,7 @@ RUNS_TABLE = DATA / "dense_speculative_runs.csv"
 DESCRIPTIONS = DATA / "runs_moesim.toml"
 
 STEP_COLUMNS = ("row", "source_url", "engine", "engine_key", "device_key", "preset", "weight_format", "tp", "batch")
-STEP_COLUMNS += ("sequences", "tokens_per_forward", "context_tokens", "eager", "verified_tokens", "time_us")
+STEP_COLUMNS += ("sequences", "tokens_per_forward", "context_tokens", "eager", "verified_tokens", "time_us", "head_share", "logit_rows")
 RUN_COLUMNS = ("row", "source_url", "engine", "engine_key", "device_key", "preset", "weight_format", "tp", "batch", "context_tokens")
 RUN_COLUMNS += ("drafter", "draft_format", "draft_len", "tau", "token_us", "baseline_token_us")
 
@@ -116,6 +117,15 @@ def _int(text: str, default: int) -> int:
     return int(value) if math.isfinite(value) else default
 
 
+def step_logits(engine_key: str, prompt: int, generated: int, tokens: int) -> tuple[float, int]:
+    """(head_share, logit_rows) of a decode-step row's forwards of `tokens` tokens: llama.cpp's prompt
+    tests (llama-bench ppN, no token generated) ask logits of the last token only, so the output head
+    runs once per n_batch chunk on one row (`prompt_scope`); every other forward on each of its tokens."""
+    if engine_key == "llama.cpp" and prompt > 0 and generated == 0:
+        return prompt_scope(prompt, tokens).head_share, 1
+    return 1.0, tokens
+
+
 def _eager(described: StepDescription, record: dict, engine_key: str, tokens: int) -> bool:
     """Eager as described, else as the row says (graphs off), else wider than the engine captures."""
     if described.eager is not None:
@@ -142,6 +152,7 @@ def describe(steps_table: Path = STEPS_TABLE, runs_table: Path = RUNS_TABLE, des
         batch = _int(record["batch"], 1)
         per_pass = _int(record["tokens_per_pass"], 1)
         tokens = batch * (d.tokens_per_sequence or per_pass)  # type: ignore[attr-defined]
+        head_share, logit_rows = step_logits(key, _int(record["input_len"], 0), _int(record["output_len"], 0), tokens)
         expanded = d.expanded if d.expanded is not None else ENGINE_HOSTS[key].scoring == "batch-expansion" and tokens > batch  # type: ignore[attr-defined]
         steps.append(
             {
@@ -151,6 +162,7 @@ def describe(steps_table: Path = STEPS_TABLE, runs_table: Path = RUNS_TABLE, des
                 "context_tokens": d.context_tokens, "eager": _eager(d, record, key, tokens),  # type: ignore[arg-type, attr-defined]
                 "sequences": tokens if expanded else batch, "verified_tokens": tokens if expanded else 0,
                 "time_us": forward_time_us(float(record["value"]), record["unit"], per_pass),
+                "head_share": head_share, "logit_rows": logit_rows,
             }
         )  # fmt: skip
     for i, record in enumerate(runs_raw.iter_rows(named=True), start=1):

@@ -38,6 +38,7 @@ from moesim.hw_profiles.importers.names import resolve_formats
 from moesim.hw_profiles.speculative import SPEC_TERMS
 from moesim.models import load_preset
 from moesim.sim.engine.fit import EngineFit, fit_engine_terms, forward_model, graph_limit
+from moesim.sim.engine.rows import step_logits
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,12 @@ def step_frame(steps: tuple[DecodeStep, ...], preset: str, weight_format: str, e
         tokens = step.batch * step.tokens_per_pass
         prompt, output = float(step.input_len or 0), float(step.output_len or 0)
         context = prompt + output / 2 if step.tokens_per_pass == 1 or step.unit == LATENCY_UNIT else prompt / 2
+        head_share, logit_rows = step_logits(engine_key, step.input_len or 0, step.output_len or 0, tokens)
         records.append(
             {"row": number, "source_url": step.source_url, "engine": step.engine, "engine_key": engine_key, "device_key": device_key,
              "preset": preset, "weight_format": weight_format, "tp": step.tp, "batch": step.batch, "sequences": step.batch,
              "tokens_per_forward": tokens, "context_tokens": context, "eager": _eager(step, tokens, limit), "verified_tokens": 0,
-             "time_us": time_us}
+             "time_us": time_us, "head_share": head_share, "logit_rows": logit_rows}
         )  # fmt: skip
     return pl.DataFrame(records, schema_overrides={"context_tokens": pl.Float64}) if records else pl.DataFrame()
 

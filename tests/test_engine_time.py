@@ -12,7 +12,7 @@ from moesim.hw_profiles.engines.host import ENGINE_HOSTS, engine_of
 from moesim.hw_profiles.provenance import Provenance
 from moesim.hw_profiles.speculative import NO_GRAPH_LIMIT, SPEC_TERMS, spec_path_from_table
 from moesim.sim.engine import describe, fit_engine_terms
-from moesim.sim.engine.fit import run_parts, step_equations
+from moesim.sim.engine.fit import forward_model, run_parts, step_equations
 from moesim.sim.engine.rows import forward_time_us, token_time_us
 
 SOURCES = {"s": Provenance("assumed", note="test")}
@@ -87,6 +87,31 @@ def test_every_shared_row_is_described_or_left_out_with_a_reason() -> None:
     assert len(steps) + len(runs) + len(left) == 110 + 292
     assert not (steps | runs) & left
     assert all(x["reason"] and x["reason"] != "not described" for x in described.left_out)
+
+
+def test_llama_cpp_prompt_tests_run_the_output_head_once_per_chunk_on_one_row() -> None:
+    steps = {r["row"]: r for r in describe().steps.iter_rows(named=True)}
+    # pp512 at microbatch U: 512/U forwards, the head on the last one's last row; ppN in one forward: the head on one row
+    assert (steps[26]["head_share"], steps[26]["logit_rows"]) == (1 / 512, 1)
+    assert (steps[57]["head_share"], steps[57]["logit_rows"]) == (16 / 512, 1)
+    assert (steps[13]["head_share"], steps[13]["logit_rows"]) == (1.0, 1)
+    # generating rows (tg128, llama-cli eval) and vLLM's scorer: the head on every token of every forward
+    assert (steps[5]["head_share"], steps[5]["logit_rows"]) == (1.0, 1)
+    assert steps[24]["head_share"] == 1.0
+    assert all(r["head_share"] == 1.0 and r["logit_rows"] == r["tokens_per_forward"] for k, r in steps.items() if k >= 84)
+
+
+def test_the_step_time_model_prices_the_head_on_the_passes_and_rows_that_run_it() -> None:
+    model = forward_model("llama-3.1-8b", "nvidia-rtx-3090", "F16", 1)
+    n, context = 8, 2048.0
+    every = model.dense_pass_us(n, context)
+    assert model.dense_pass_us(n, context, logits=(1.0, n)) == pytest.approx(every, rel=1e-12)
+    head = model.preset.lm_head_params()
+    dense = model.profile.dense
+    skipped = float(dense.time_us(head * 2.0, 2.0 * head * n, 0.0))  # F16: 2 bytes a weight
+    assert every - model.dense_pass_us(n, context, logits=(0.0, 0)) == pytest.approx(skipped, rel=1e-9)
+    one_row = float(dense.time_us(0.0, 2.0 * head * (n - 1), 0.0))
+    assert every - model.dense_pass_us(n, context, logits=(1.0, 1)) == pytest.approx(one_row, rel=1e-9)
 
 
 def _synthetic(terms: dict[str, float]) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -120,7 +120,9 @@ def _int(text: str, default: int) -> int:
 def step_logits(engine_key: str, prompt: int, generated: int, tokens: int) -> tuple[float, int]:
     """(head_share, logit_rows) of a decode-step row's forwards of `tokens` tokens: llama.cpp's prompt
     tests (llama-bench ppN, no token generated) ask logits of the last token only, so the output head
-    runs once per n_batch chunk on one row (`prompt_scope`); every other forward on each of its tokens."""
+    runs once per n_batch chunk on one row (`prompt_scope`; the unused rows skipped since
+    ggml-org/llama.cpp#6122, March 2024: the older shared rows are single forwards of <= 11 tokens,
+    where the head's other rows are < 0.1 % of the time); every other forward on each of its tokens."""
     if engine_key == "llama.cpp" and prompt > 0 and generated == 0:
         return prompt_scope(prompt, tokens).head_share, 1
     return 1.0, tokens

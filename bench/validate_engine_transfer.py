@@ -27,7 +27,15 @@ from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE, fit_recipe
 from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
 from moesim.hw_profiles.fitting.engine_validation import leave_one_model_out as own_lomo
-from moesim.hw_profiles.fitting.pooled.pool_validation import engine_parts, leave_one_device_out, leave_one_model_out, like, pair_bounds
+from moesim.hw_profiles.fitting.pooled.pool_validation import (
+    engine_parts,
+    leave_one_device_out,
+    leave_one_model_out,
+    like,
+    pair_bounds,
+    pair_kind,
+    stated_transfer,
+)
 from moesim.hw_profiles.importers import ImportOptions, import_table
 
 SERIES = {
@@ -110,12 +118,15 @@ def main() -> None:
 
     bounds = pair_bounds(fits)
     print("\n#### Unlike pairs: error and the stated transfer uncertainty\n")
-    print("(stated: the bound of the engine's other unlike pairs, the target's own rows left out of it too)\n")
     print(
-        "| target | source | rows | time per pass: median / p90 % | T(n)/T(n0): median / p90 % | stated uncertainty % "
+        "(stated: the bound of the engine's other held-out pairs of the same kind, `stated_transfer`, the target's own rows "
+        "left out of it too)\n"
+    )
+    print(
+        "| target | source | kind | rows | time per pass: median / p90 % | T(n)/T(n0): median / p90 % | stated uncertainty % "
         "| covers median / p90 |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for engine in engines:
         for target in parts[engine]:
             held = pair_bounds({name: fit for name, fit in fits.items() if name != target.recipe.name})
@@ -124,14 +135,15 @@ def main() -> None:
                     continue
                 judged = scaled_out(target.recipe, source.recipe, fits[source.recipe.name])
                 stats = judged.stats()
-                stated = held.get((engine, "unlike"))
+                kind = pair_kind(source.spec, target.spec)
+                stated = stated_transfer(held, engine, kind)
                 covered = (
                     "–"
                     if stats is None or stated is None
                     else " / ".join("yes" if value <= stated.bound else "no" for value in (stats.median, stats.p90))
                 )
                 stated_text = "–" if stated is None else f"{100 * stated.bound:.0f}"
-                print(f"| {target.recipe.name} | {source.recipe.name} | {_cells(judged)} | {stated_text} | {covered} |")
+                print(f"| {target.recipe.name} | {source.recipe.name} | {kind} | {_cells(judged)} | {stated_text} | {covered} |")
     print("\n#### Stated transfer uncertainty per engine (what a datasheet-scaled profile states)\n")
     print("| engine | between | held-out pairs | uncertainty % |")
     print("|---|---|---|---|")

@@ -18,7 +18,10 @@ it from the columns before it (residual of the relative, unit-norm column after 
 them below `SEPARABLE`): the dense compute, if not, is tied to the most used deduplicating
 family's compute; any other such column is left out, and the notes say which terms it stays in
 (e.g. a family's fixed time per layer and the fixed time per pass, for one model: the data give
-only their sum).
+only their sum). A fixed time (per pass or per layer, of a build era) whose rows are all of one
+pass size is left out as well: at one size only the models' different work could tell it from that
+work, and per-format costs confound it (four rows at n = 512 had put a whole 1 s pass into the
+fixed time, 21x off once scaled to another device's sizes); the work there carries it.
 
 Held-out error: leave one model out when the rows hold two or more, else leave one pass size out
 (a user's single-model run); each split repeats the whole procedure on its training rows.
@@ -71,10 +74,14 @@ def _main_families(rows: list[PassRow]) -> list[str]:
 
 
 # The order in which a family's terms enter the design: where the rows cannot tell two apart, the
-# earlier one carries both. FLOPs come before bytes: in a llama-bench ppN series the KV context
-# grows with the pass size exactly as the FLOPs do (N/2 + n/2 tokens), and a bandwidth the rows do
-# not separate is held at the device's peak (`floored`), not fitted to carry the FLOPs' growth.
-TERM_ORDER = ("compute", "bytes", "fixed", "tile", "per_expert", "per_slot")
+# earlier one carries both. A bandwidth the rows do not separate is held at the device's peak
+# (`floored`), so the terms the datasheet does not bound come first: FLOPs (in a llama-bench ppN
+# series the KV context grows with the pass size exactly as the FLOPs do, N/2 + n/2 tokens), the
+# fixed time per layer (every launch costs it whatever the kernel reads: a user's run of one model
+# with a kernel switch needs it at the switch, else the bytes carry the jump and miss both sides)
+# and the FLOPs of whole tiles; then the bytes above the peak.
+TERM_ORDER = ("compute", "fixed", "tile", "bytes", "per_expert", "per_slot")
+MIN_SIZES = 2  # a fixed time is told from the work it comes with only by rows of two or more pass sizes
 
 
 def floored(name: str, stream_family: str) -> bool:
@@ -139,8 +146,12 @@ def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarr
     merged: list[str] = []
     pinned: list[tuple[str, np.ndarray]] = []
     notes, ties = [], {}
+    sizes = np.array([r.n_tokens for r in rows])
     for name, column in candidates:
         if not np.any(column):
+            continue
+        if term_kind(name) == "time" and "@" in name and len(set(sizes[column != 0].tolist())) < MIN_SIZES:
+            merged.append(f"{describe_term(name, eras)} (timed at one pass size only: the work there carries it)")
             continue
         relative = column / measured
         unit = relative / np.linalg.norm(relative)

@@ -2,7 +2,7 @@
 shared public table (`data/public-bench/moe_pass_times.csv`, run from the repository root): the
 calibrated ones (`engine_builtins.RECIPES`) and those scaled from them (`engine_builtins.SCALED`),
 each scaled one stating the transfer uncertainty that held-out devices of its engine show
-(`pooled.pool_validation.pair_bounds`: the largest p90 error between like, or unlike, devices).
+(`pooled.pool_validation.pair_bounds`: the largest p90 error between devices as alike as it and its base).
 Tests check the shipped files are current. The H200 lab profile is refitted by the command in
 docs/profiles.md."""
 
@@ -17,7 +17,7 @@ from moesim.hw_profiles.fitting.derive import scaled_engine_profile
 from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE, RECIPES, SCALED, EngineFit, fit_recipe, recipe
 from moesim.hw_profiles.fitting.engine_fit import single_token_order
 from moesim.hw_profiles.fitting.engine_validation import VALIDATION
-from moesim.hw_profiles.fitting.pooled.pool_validation import like, pair_bounds, stated_transfer
+from moesim.hw_profiles.fitting.pooled.pool_validation import pair_bounds, pair_kind, stated_transfer
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.hw_profiles.schema import profile_to_toml
 
@@ -33,7 +33,7 @@ def engine_builtins(table: Path = PUBLIC_TABLE) -> tuple[dict[str, HardwareProfi
         engine = ENGINES.create(base.engine)
         fit = fits[item.base]
         dispatch = engine.dispatch(None, item.architecture if item.architecture != "any" else base.architecture, "engine-source")
-        stated = stated_transfer(bounds, base.engine, like(specs[item.device], specs[base.device]))
+        stated = stated_transfer(bounds, base.engine, pair_kind(specs[item.device], specs[base.device]))
         transfer = (stated.bound, stated.note()) if stated is not None else None
         scaled = scaled_engine_profile(fit.profile, specs[item.device], specs[base.device], item.name, dispatch, transfer)
         families, notes = single_token_order(scaled.expert_families, fit.rows, dispatch)

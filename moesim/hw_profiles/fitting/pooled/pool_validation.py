@@ -6,9 +6,9 @@ also give the device its factor). Leave one device out: a device's rows predicte
 the other devices of its engine, at the device's datasheet with factor 1, from its like devices
 (same vendor, same generation or one apart: `like`), from all of them, and from each unlike
 device alone (`bench/validate_engine_transfer.py` prints them). A scaled profile's transfer
-uncertainty is what held-out devices of its engine show: the largest p90 error between like, else
-unlike, devices of the datasheet scaling of one device's fit that the scaled built-ins use
-(`pair_bounds`).
+uncertainty is what held-out devices show: the largest p90 error, over the held-out pairs of its
+kind (`pair_kind`: like, one vendor further apart, different vendors), of the datasheet scaling of
+one device's fit that the scaled built-ins use (`pair_bounds`, `stated_transfer`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,21 @@ def generation(spec: DeviceSpec) -> int:
 def like(a: DeviceSpec, b: DeviceSpec) -> bool:
     """Same vendor, same generation or one apart."""
     return vendor(a) == vendor(b) and abs(generation(a) - generation(b)) <= 1
+
+
+# How far a datasheet scaling reaches, nearest first: like devices; one vendor's generations further
+# apart; another vendor's devices (other caches, schedulers, and the engine's code paths per vendor).
+KINDS = ("like", "unlike", "other vendor")
+_KIND_WORDS = {
+    "like": "like devices (same vendor, same generation or one apart)",
+    "unlike": "devices of one vendor further apart",
+    "other vendor": "devices of different vendors",
+}
+
+
+def pair_kind(a: DeviceSpec, b: DeviceSpec) -> str:
+    """The kind of a pair of devices (`KINDS`)."""
+    return "like" if like(a, b) else "unlike" if vendor(a) == vendor(b) else "other vendor"
 
 
 def engine_parts(engine: str, table: Path = PUBLIC_TABLE, eras: str = "build") -> list[DeviceRows]:
@@ -88,15 +103,15 @@ class PairBound:
 
     def note(self) -> str:
         """Where the number comes from, in words."""
-        alike = "like devices (same vendor, same generation or one apart)" if self.kind == "like" else "unlike devices"
         return (
-            f"relative transfer uncertainty {self.bound:.2f}: the largest p90 error of {self.pairs} held-out pairs of {alike} "
-            f"of {self.engine} in the shared public table (one device's rows predicted by another's fit scaled by datasheet)"
+            f"relative transfer uncertainty {self.bound:.2f}: the largest p90 error of {self.pairs} held-out pairs of "
+            f"{_KIND_WORDS[self.kind]} of {self.engine} in the shared public table (one device's rows predicted by another's "
+            "fit scaled by datasheet)"
         )
 
 
 def pair_bounds(fits: dict[str, EngineFit]) -> dict[tuple[str, str], PairBound]:
-    """Per engine and likeness ('like', 'unlike'), the bound of today's datasheet scaling (pairwise)."""
+    """Per engine and kind of pair (`KINDS`), the bound of today's datasheet scaling (pairwise)."""
     recipes = [item for item in all_recipes() if item.name in fits]
     specs = catalog()
     errors: dict[tuple[str, str], list[float]] = {}
@@ -106,12 +121,22 @@ def pair_bounds(fits: dict[str, EngineFit]) -> dict[tuple[str, str], PairBound]:
                 continue
             stats = pairwise_out(target, source, fits[source.name]).stats()
             if stats is not None:
-                kind = "like" if like(specs[target.device], specs[source.device]) else "unlike"
+                kind = pair_kind(specs[target.device], specs[source.device])
                 errors.setdefault((target.engine, kind), []).append(stats.p90)
     return {key: PairBound(key[0], key[1], max(values), len(values)) for key, values in errors.items()}
 
 
-def stated_transfer(bounds: dict[tuple[str, str], PairBound], engine: str, alike: bool) -> PairBound | None:
-    """The bound a profile scaled within an engine states: its likeness's, else the engine's other one."""
-    kinds = ("like", "unlike") if alike else ("unlike", "like")
-    return next((bounds[(engine, kind)] for kind in kinds if (engine, kind) in bounds), None)
+def stated_transfer(bounds: dict[tuple[str, str], PairBound], engine: str, kind: str) -> PairBound | None:
+    """The bound a profile scaled within an engine states: the largest of its engine's bound for its
+    kind of pair (where the engine has no held-out pair of that kind, the largest of that kind over
+    the engines: a vendor's gap is the devices', whichever engine ran on them) and its engine's
+    bounds for nearer kinds (a pair further apart is no better known); where none is, the engine's
+    for the nearest farther kind. None for an engine without held-out pairs."""
+    if not any(e == engine for e, _ in bounds):
+        return None
+    at = KINDS.index(kind)
+    same = [bounds[(engine, kind)]] if (engine, kind) in bounds else [b for (_, k), b in bounds.items() if k == kind]
+    nearer = [bounds[(engine, k)] for k in KINDS[:at] if (engine, k) in bounds]
+    if same or nearer:
+        return max([*same, *nearer], key=lambda bound: bound.bound)
+    return next((bounds[(engine, k)] for k in KINDS[at + 1 :] if (engine, k) in bounds), None)

@@ -9,8 +9,6 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.kernels.reuse import group_features
-from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.parsing import parse_int
 from moesim.sim.analysis.moesd import target_efficiency
 from moesim.sim.analysis.ranks import ranked_costs
@@ -21,6 +19,7 @@ from moesim.sim.analysis.speculation import (
     tokens_per_pass,
 )
 from moesim.sim.cost.drafters import draft_model_layers, draft_steps, draft_us
+from moesim.sim.cost.pass_features import batch_pass_windows, cached_group_features
 from moesim.sim.cost.steptime import PassCost
 from moesim.tracegen.formats.trace import Trace
 
@@ -89,19 +88,13 @@ class BatchEffect:
 
 def union_pass_cost(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[PassCost, np.ndarray, str]:
     """Pass costs of `batch` sequences of n tokens each over the trace's batch windows (one per window),
-    their mean distinct experts per layer, and where the lanes came from."""
-    lengths = trace.seq_lengths()
-    if lengths.size < batch and int(lengths.max()) // batch < n:  # before any lane is laid out
-        raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
-    lanes = batch_lanes(trace.seq_starts, batch)
-    if int(lanes.length.max(initial=0)) < n:
-        raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
-    offsets, starts, lengths = batch_windows(lanes, n, max_batches)
+    their mean distinct experts per layer, and where the lanes came from (`moesim.sim.cost.pass_features`)."""
+    windows, lanes = batch_pass_windows(trace, batch, n, max_batches)
     context = float(batch * scenario.context_tokens)
     if scenario.model.parallel.ranks > 1:  # expert parallel: each layer at its slowest rank
-        cost, distinct = ranked_costs(scenario.model, trace, (offsets, starts, lengths), context, float(batch))
+        cost, distinct = ranked_costs(scenario.model, trace, windows, context, float(batch))
         return cost, distinct, lanes.describe()
-    features = group_features(trace.experts, trace.meta.geometry.experts, offsets, starts, lengths)
+    features = cached_group_features(trace, *windows)
     cost = scenario.model.pass_cost(features, context, float(batch))
     return cost, features.distinct_experts, lanes.describe()
 

@@ -15,15 +15,8 @@ from moesim.errors import InputError
 from moesim.kernels.features import uniform_distinct_experts
 from moesim.sim.analysis.batch import union_pass_cost
 from moesim.sim.analysis.ranks import SAMPLED_WINDOWS, mean_costs
-from moesim.sim.analysis.scenario import (
-    Scenario,
-    expected_costs,
-    extrapolation_warnings,
-    mean_distinct_experts,
-    pass_sizes,
-    uniform_twin,
-    window_distributions,
-)
+from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, pass_sizes, uniform_twin
+from moesim.sim.cost.pass_features import mean_distinct_experts, window_distributions
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_engine
 from moesim.tracegen.formats.trace import Trace
 

@@ -13,7 +13,8 @@ import dataclasses
 import numpy as np
 
 from moesim.hw_profiles.ladder.rungs import RUNGS
-from moesim.kernels.unions import batch_lanes, batch_windows, union_pass, union_scratch
+from moesim.kernels.unions import union_pass, union_scratch
+from moesim.sim.cost.pass_features import batch_pass_windows
 from moesim.sim.cost.steptime import PassCost, StepTimeModel
 from moesim.tracegen.formats.trace import Trace
 
@@ -47,8 +48,8 @@ def ranked_costs(
 
 def sampled_expected_costs(model: StepTimeModel, trace: Trace, sizes: np.ndarray, context_tokens: float) -> PassCost:
     """One pass of each size over up to SAMPLED_WINDOWS of the trace's windows, expert parallel: the mean of their costs."""
-    lanes = batch_lanes(trace.seq_starts, 1)
-    return mean_costs([ranked_costs(model, trace, batch_windows(lanes, int(n), SAMPLED_WINDOWS), context_tokens, 1.0)[0] for n in sizes])
+    windows = [batch_pass_windows(trace, 1, int(n), SAMPLED_WINDOWS)[0] for n in sizes]
+    return mean_costs([ranked_costs(model, trace, w, context_tokens, 1.0)[0] for w in windows])
 
 
 def mean_costs(costs: list[PassCost]) -> PassCost:

@@ -42,7 +42,9 @@ def _check_trace(config: SweepConfig, index: int, trace: Trace, batches: tuple[i
         try:
             fitting_lanes(trace, batch, need)
         except InputError as exc:
-            raise ConfigError(f"{config.key(f'routing[{index}].trace')}: {exc} (max_pass / max_draft + 1 tokens per sequence)") from None
+            raise ConfigError(
+                f"{config.key(f'routing[{index}].trace')}: {exc} (the grid passes max_pass, or max_draft + 1, tokens per sequence)"
+            ) from None
 
 
 def plan_units(config: SweepConfig) -> list[WorkUnit]:

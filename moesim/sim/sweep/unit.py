@@ -11,11 +11,18 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from moesim.sim.analysis.best_draft import draft_costs_us
 from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, win_window
 from moesim.sim.analysis.scenario import Scenario
-from moesim.sim.analysis.speculation import best_in_table, speedup_table, tokens_per_pass, tokens_per_pass_table
-from moesim.sim.analysis.verdict import SpecCosts, costs_on, pick
+from moesim.sim.analysis.speculation import (
+    SpecCosts,
+    best_in_table,
+    costs_on,
+    draft_costs_us,
+    pick,
+    speedup_table,
+    tokens_per_pass,
+    tokens_per_pass_table,
+)
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_features import pass_distributions
 from moesim.sim.cost.steptime import BEST, PassCost, StepTimeModel

@@ -118,7 +118,7 @@ def test_bad_input(cli, trace_path: Path, tmp_path: Path) -> None:  # type: igno
         (("bytes", trace_path, "--max-pass", 0), "--max-pass must be an integer in 1..64, got 0"),
         (("bytes", trace_path, "--max-pass", 65), "got 65"),
         (("bytes", trace_path, "--batch", 0), "--batch must be >= 1"),
-        (("bytes", trace_path, "--batch", 5, "--max-pass", 64), "no batch pass of 5 lanes x 61 positions"),
+        (("bytes", trace_path, "--batch", 5, "--max-pass", 64), "too short for a batch of 5 sequences of 61 tokens each"),
         (("bytes", trace_path, "--format", "Q9"), "unknown weight format 'Q9'"),
         (("bytes", tmp_path / "missing.arrow"), "no such trace file"),
     ]

@@ -21,6 +21,7 @@ from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.models import load_preset
 from moesim.sim.cost import layer_tables
 from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.pass_features import cached_group_features
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.acceptance import Geometric
@@ -28,7 +29,6 @@ from moesim.sim.serving.policies import Static
 from moesim.sim.serving.scheduler import Scheduling
 from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
-from moesim.sim.sweep.unit import cached_group_features
 from moesim.tracegen.routing.synth import Sticky, synthesize
 
 QWEN3 = load_preset("qwen3-30b-a3b")
@@ -205,7 +205,7 @@ def test_cached_window_features_equal_the_counted_ones(fresh: Path, monkeypatch:
     counted = group_features(TRACE.experts, TRACE.meta.geometry.experts, *windows)
     first = cached_group_features(TRACE, *windows)
     assert any((fresh / "window-features").rglob("*.npz"))
-    monkeypatch.setattr("moesim.sim.sweep.unit.group_features", _refuse)  # the second read must come from the disk
+    monkeypatch.setattr("moesim.sim.cost.pass_features.group_features", _refuse)  # the second read must come from the disk
     second = cached_group_features(TRACE, *windows)
     for f in (first, second):
         for name in ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert", "reread_histogram"):

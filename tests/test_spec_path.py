@@ -157,7 +157,7 @@ def test_verdict_by_hand_and_the_deciding_term(qwen3_trace: Path) -> None:
 
 
 def test_an_uncertain_engine_term_makes_the_verdict_uncertain_and_names_it(cli, qwen3_trace: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from moesim.sim.analysis.verdict import spec_costs
+    from moesim.sim.analysis.speculation import spec_costs
 
     scenario = load_scenario(qwen3_trace, "nvidia-h200", None, None, "eagle3")
     base = best_draft_analysis(scenario, [0.7], 4, verdict=True).verdicts[0]

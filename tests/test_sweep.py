@@ -318,7 +318,10 @@ def test_trace_routing_checks_model_and_length(cli, tmp_path: Path) -> None:  # 
     grid = "[grid]\nmodels = ['olmoe-1b-7b']\nmax_pass = 8\nmax_draft = 4\nbatch = [1, 8]\n"
     config = write_config(tmp_path, grid + "[[routing]]\nname = 'rec'\ntrace = 'olmoe.arrow'\n")
     assert_one_line_error(
-        *cli("sweep", config, "--out", tmp_path / "o.parquet")[::2], "key 'routing[0].trace'", "at batch 8", "has 5 positions", "at least 8"
+        *cli("sweep", config, "--out", tmp_path / "o.parquet")[::2],
+        "key 'routing[0].trace'",
+        "too short for a batch of 8 sequences of 8 tokens each",
+        "the longest of 40 positions",
     )
     ok = write_config(tmp_path, grid.replace("[1, 8]", "[1, 4]") + "[[routing]]\nname = 'rec'\ntrace = 'olmoe.arrow'\n")
     code, out, err = cli("sweep", ok, "--out", tmp_path / "o.parquet", "--json")

@@ -9,19 +9,17 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.kernels.reuse import group_features
-from moesim.kernels.unions import batch_lanes, batch_windows
 from moesim.parsing import parse_int
 from moesim.sim.analysis.moesd import target_efficiency
-from moesim.sim.analysis.ranks import ranked_costs
+from moesim.sim.analysis.ranks import union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
 from moesim.sim.analysis.speculation import (
     check_acceptance,
     check_draft_lengths,
     tokens_per_pass,
 )
-from moesim.sim.cost.drafters import draft_model_layers, draft_steps, draft_us
-from moesim.sim.cost.steptime import PassCost
+from moesim.sim.cost.drafters import draft_us
+from moesim.sim.cost.trace_batch import spec_overhead_us
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -87,27 +85,8 @@ class BatchEffect:
         }
 
 
-def union_pass_cost(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[PassCost, np.ndarray, str]:
-    """Pass costs of `batch` sequences of n tokens each over the trace's batch windows (one per window),
-    their mean distinct experts per layer, and where the lanes came from."""
-    lengths = trace.seq_lengths()
-    if lengths.size < batch and int(lengths.max()) // batch < n:  # before any lane is laid out
-        raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
-    lanes = batch_lanes(trace.seq_starts, batch)
-    if int(lanes.length.max(initial=0)) < n:
-        raise InputError(f"the trace is too short for a batch of {batch} sequences of {n} tokens each")
-    offsets, starts, lengths = batch_windows(lanes, n, max_batches)
-    context = float(batch * scenario.context_tokens)
-    if scenario.model.parallel.ranks > 1:  # expert parallel: each layer at its slowest rank
-        cost, distinct = ranked_costs(scenario.model, trace, (offsets, starts, lengths), context, float(batch))
-        return cost, distinct, lanes.describe()
-    features = group_features(trace.experts, trace.meta.geometry.experts, offsets, starts, lengths)
-    cost = scenario.model.pass_cost(features, context, float(batch))
-    return cost, features.distinct_experts, lanes.describe()
-
-
 def _batch_pass_us(scenario: Scenario, trace: Trace, batch: int, n: int, max_batches: int) -> tuple[float, float, float, str]:
-    cost, distinct, lanes = union_pass_cost(scenario, trace, batch, n, max_batches)
+    cost, distinct, lanes = union_pass_cost(scenario.model, trace, batch, n, max_batches, scenario.context_tokens)
     return float(cost.total_us().mean()), float(distinct.mean()), float(cost.extrapolation.max()), lanes
 
 
@@ -137,14 +116,13 @@ def batch_analysis(
         raise InputError("--moesd-slots verifies gamma = k slots of a chain; the drafter has a tree")
     verify = k if moesd_slots else tree.width(k)
     spec = scenario.model.profile.speculative
-    layers, draft_layers = scenario.model.preset.layers, draft_model_layers(scenario.drafter)
+    layers = scenario.model.preset.layers
     rows = []
     for b in batches:  # the passes' costs hold the engine's time per forward (StepTimeModel.engine_us)
         single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
         multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, verify, max_batches)
         drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us)
-        steps = draft_steps(scenario.drafter, k)
-        overhead = spec.overhead_us(steps, b * verify, draft_layers, b, layers) if spec is not None else 0.0
+        overhead = spec_overhead_us(spec, scenario.drafter, k, b * verify, b, layers)
         rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}", overhead))
     single, multi, drafted, distinct, factor, source, overheads = zip(*rows, strict=True)
     sizes = np.asarray(batches)

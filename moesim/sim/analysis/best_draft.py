@@ -13,34 +13,8 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, extrapolation_warnings
-from moesim.sim.analysis.speculation import (
-    best_in_table,
-    break_even_alpha,
-    check_draft_lengths,
-    relative_cost,
-    staircase,
-    tokens_per_pass_table,
-)
-from moesim.sim.analysis.verdict import AcceptancePoint, Verdict, acceptance_points, spec_costs, speedup_tables, verdicts
-from moesim.sim.cost.drafters import draft_us
-from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, PassCost
-from moesim.sim.cost.tree import TreeSpec, break_even_alpha_tree
-
-
-def draft_costs_us(scenario: Scenario, max_draft: int, batch: int = 1) -> np.ndarray:
-    """T_draft(k) for k = 0..max_draft."""
-    return np.array(
-        [draft_us(scenario.drafter, np.full(batch, k), scenario.context_tokens, scenario.dense_us) for k in range(max_draft + 1)]
-    )
-
-
-def corner_costs(cost: PassCost, draft_us_by_k: np.ndarray, drafter_uses_dense: bool, dense_epsilon: float) -> list[np.ndarray]:
-    """C(k) at the nominal point and each corner of the error box."""
-    out = [relative_cost(draft_us_by_k, cost.total_us())]
-    for expert_sign, dense_sign in ERROR_BOX_CORNERS:
-        draft = draft_us_by_k * (1.0 + dense_sign * dense_epsilon) if drafter_uses_dense else draft_us_by_k
-        out.append(relative_cost(draft, cost.total_us(expert_sign, dense_sign)))
-    return out
+from moesim.sim.analysis.speculation import best_in_table, break_even_and_staircase, check_draft_lengths, spec_costs, speedup_tables
+from moesim.sim.analysis.verdict import AcceptancePoint, Verdict, acceptance_points, verdicts
 
 
 @dataclass(frozen=True)
@@ -182,18 +156,13 @@ def best_draft_analysis(
     tree = scenario.drafter.tree
     points: list[AcceptancePoint] = acceptance_points(list(np.ravel(alphas)), accept_lengths or [], depth_rates or [], runs or [], tree)
     costs = spec_costs(scenario, max_draft, batch)
-    taus, tables = speedup_tables(points, costs, tree)
+    taus, tables = speedup_tables([p.rates for p in points], costs, tree)
     nominal = costs.relative()
     k_star, s_star = best_in_table(tables[0])
     index = np.arange(len(points))
     at_corners = [t[index, k_star] for t in tables]  # the nominal point with the corners (a term's bound may be a factor)
     k_corners = np.stack([best_in_table(t)[0] for t in tables[1:]])
-    k = np.arange(max_draft + 1)
-    if tree.is_chain:
-        break_even, steps = break_even_alpha(k, nominal), staircase(nominal)
-    else:
-        break_even = np.array([break_even_alpha_tree(tree, int(j), float(nominal[j])) for j in k])
-        steps = staircase(nominal, grid=201, best=lambda a: _tree_best(a, max_draft, tree, nominal))
+    break_even, steps = break_even_and_staircase(tree, nominal)
     return BestDraft(
         alpha=np.array([p.alpha for p in points]),
         best_draft=k_star,
@@ -218,8 +187,3 @@ def _distinct(factor: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.nd
     """One extrapolation factor per distinct verify width (a tree's widths repeat once capped)."""
     sizes, first = np.unique(widths, return_index=True)
     return np.asarray(factor)[first], sizes
-
-
-def _tree_best(alpha: np.ndarray | float, max_draft: int, tree: TreeSpec, cost: np.ndarray) -> np.ndarray:
-    """k* of the tree family at constant α (the staircase's question)."""
-    return best_in_table(tokens_per_pass_table(np.reshape(alpha, (-1, 1)), max_draft, tree) / cost)[0].reshape(np.shape(alpha))

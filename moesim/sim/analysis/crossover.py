@@ -13,17 +13,9 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.kernels.features import uniform_distinct_experts
-from moesim.sim.analysis.batch import union_pass_cost
-from moesim.sim.analysis.ranks import SAMPLED_WINDOWS, mean_costs
-from moesim.sim.analysis.scenario import (
-    Scenario,
-    expected_costs,
-    extrapolation_warnings,
-    mean_distinct_experts,
-    pass_sizes,
-    uniform_twin,
-    window_distributions,
-)
+from moesim.sim.analysis.ranks import SAMPLED_WINDOWS, mean_costs, union_pass_cost
+from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, pass_sizes, uniform_twin
+from moesim.sim.cost.pass_features import mean_distinct_experts, window_distributions
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_engine
 from moesim.tracegen.formats.trace import Trace
 
@@ -149,9 +141,9 @@ def _batched_times(
     scenario: Scenario, family: str, trace: Trace, sizes: np.ndarray, batch: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One family's expert time per pass size for passes of `batch` requests of n tokens each (the
-    trace's batch windows, `batch.union_pass_cost`), and their mean distinct experts per layer."""
-    batched = dataclasses.replace(scenario, model=dataclasses.replace(scenario.model, engine=family))
-    passes = [union_pass_cost(batched, trace, batch, int(n), SAMPLED_WINDOWS) for n in sizes]
+    trace's batch windows, `ranks.union_pass_cost`), and their mean distinct experts per layer."""
+    model = dataclasses.replace(scenario.model, engine=family)
+    passes = [union_pass_cost(model, trace, batch, int(n), SAMPLED_WINDOWS, scenario.context_tokens) for n in sizes]
     cost = mean_costs([c for c, _, _ in passes])
     return cost.expert_us, cost.expert_epsilon, cost.extrapolation, np.array([float(np.mean(d)) for _, d, _ in passes])
 

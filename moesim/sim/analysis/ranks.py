@@ -13,7 +13,8 @@ import dataclasses
 import numpy as np
 
 from moesim.hw_profiles.ladder.rungs import RUNGS
-from moesim.kernels.unions import batch_lanes, batch_windows, union_pass, union_scratch
+from moesim.kernels.unions import union_pass, union_scratch
+from moesim.sim.cost.pass_features import batch_pass_windows, cached_group_features
 from moesim.sim.cost.steptime import PassCost, StepTimeModel
 from moesim.tracegen.formats.trace import Trace
 
@@ -47,8 +48,24 @@ def ranked_costs(
 
 def sampled_expected_costs(model: StepTimeModel, trace: Trace, sizes: np.ndarray, context_tokens: float) -> PassCost:
     """One pass of each size over up to SAMPLED_WINDOWS of the trace's windows, expert parallel: the mean of their costs."""
-    lanes = batch_lanes(trace.seq_starts, 1)
-    return mean_costs([ranked_costs(model, trace, batch_windows(lanes, int(n), SAMPLED_WINDOWS), context_tokens, 1.0)[0] for n in sizes])
+    windows = [batch_pass_windows(trace, 1, int(n), SAMPLED_WINDOWS)[0] for n in sizes]
+    return mean_costs([ranked_costs(model, trace, w, context_tokens, 1.0)[0] for w in windows])
+
+
+def union_pass_cost(
+    model: StepTimeModel, trace: Trace, batch: int, n: int, max_batches: int, context_tokens: int
+) -> tuple[PassCost, np.ndarray, str]:
+    """Pass costs of `batch` sequences of n tokens each, each at `context_tokens`, over the trace's batch
+    windows (one per window, `moesim.sim.cost.pass_features`), their mean distinct experts per layer,
+    and where the lanes came from; expert parallel, each layer at its slowest rank."""
+    windows, lanes = batch_pass_windows(trace, batch, n, max_batches)
+    context = float(batch * context_tokens)
+    if model.parallel.ranks > 1:
+        cost, distinct = ranked_costs(model, trace, windows, context, float(batch))
+        return cost, distinct, lanes.describe()
+    features = cached_group_features(trace, *windows)
+    cost = model.pass_cost(features, context, float(batch))
+    return cost, features.distinct_experts, lanes.describe()
 
 
 def mean_costs(costs: list[PassCost]) -> PassCost:

@@ -15,14 +15,12 @@ import numpy as np
 from moesim.errors import ConfigError, InputError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import extrapolated
-from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.reuse import window_reuse_means, with_mean_reuse
-from moesim.kernels.sliding import sliding_distribution
-from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
+from moesim.kernels.windows import MAX_PASS_LIMIT
 from moesim.models import ModelPreset, builtin_names, load_target
 from moesim.sim.analysis.ranks import sampled_expected_costs
 from moesim.sim.cost.drafters import Drafter, make_drafter
 from moesim.sim.cost.parallel import Devices
+from moesim.sim.cost.pass_features import check_sizes, window_distributions
 from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_engine
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import Uniform, synthesize
@@ -103,25 +101,6 @@ def pass_sizes(max_pass: int, sizes: list[int] | None = None) -> np.ndarray:
     return np.asarray(chosen, np.int64)
 
 
-def window_distributions(trace: Trace, sizes: np.ndarray) -> list[tuple[RoutingFeatures, np.ndarray]]:
-    """Per pass size n, every (U, M) the trace's windows of n positions take with its probability:
-    counted exactly, for n <= 64 all at once (`kernels.windows`) with the windows' mean reuse
-    features attached (`kernels.reuse.with_mean_reuse`), above one n at a time (`kernels.sliding`)."""
-    check_sizes(trace, sizes)
-    experts = trace.meta.geometry.experts
-    small = [int(n) for n in sizes if n <= MAX_PASS_LIMIT]
-    summary = summarize_windows(trace.experts, trace.seq_starts, experts, max(small)) if small else None
-    reuse = window_reuse_means(trace.experts, trace.seq_starts, experts, max(small)) if small else None
-    out = []
-    for n in (int(n) for n in sizes):
-        if n > MAX_PASS_LIMIT:  # the counts alone: re-reads at the working-set distance
-            out.append(sliding_distribution(trace.experts, trace.seq_starts, experts, n))
-            continue
-        features, probability = summary.feature_distribution(n)  # type: ignore[union-attr]
-        out.append((with_mean_reuse(features, probability, reuse, n), probability))  # type: ignore[arg-type]
-    return out
-
-
 def expected_costs(scenario: Scenario, sizes: np.ndarray, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:
     """Expected pass times over the trace's windows for every pass size (shape (len(sizes),)); expert
     parallel, the mean over sampled windows at each layer's slowest rank (`moesim.sim.analysis.ranks`)."""
@@ -130,26 +109,6 @@ def expected_costs(scenario: Scenario, sizes: np.ndarray, model: StepTimeModel |
     if model.parallel.ranks > 1:
         return sampled_expected_costs(model, trace, check_sizes(trace, sizes), float(scenario.context_tokens))
     return model.expected_pass_cost(window_distributions(trace, sizes), float(scenario.context_tokens))
-
-
-def check_sizes(trace: Trace, sizes: np.ndarray) -> np.ndarray:
-    """The pass sizes, none longer than the trace's longest sequence (one line otherwise)."""
-    longest = int(trace.seq_lengths().max())
-    if int(np.max(sizes)) > longest:
-        raise InputError(f"pass size {int(np.max(sizes))} exceeds the trace's longest sequence ({longest} positions)")
-    return sizes
-
-
-def mean_distinct_experts(trace: Trace, sizes: np.ndarray, distributions: list[tuple[RoutingFeatures, np.ndarray]]) -> np.ndarray:
-    """E[U] per pass size over windows and layers (up to 64 from the window summary's per-layer
-    sums, above from the distribution)."""
-    small = int(max((n for n in sizes if n <= MAX_PASS_LIMIT), default=0))
-    means = (
-        summarize_windows(trace.experts, trace.seq_starts, trace.meta.geometry.experts, small).mean_distinct_experts() if small else None
-    )
-    return np.array(
-        [means[n - 1] if n <= MAX_PASS_LIMIT else float(p @ f.distinct_experts) for n, (f, p) in zip(sizes, distributions, strict=True)]
-    )
 
 
 def uniform_twin(trace: Trace, preset: ModelPreset, seed: int = 0, batch: int = 1) -> Trace:

@@ -1,17 +1,34 @@
-"""Closed forms of speculative decoding with geometric acceptance (vectorised).
+"""The speculation math, one place for `best-draft`, `batch`, `predict`'s and the sweeps' questions:
+closed forms of speculative decoding (vectorised), and the costs of a speculative iteration per k.
 
-k = draft length (k = 0 is plain decoding), α = acceptance rate, C(k) = relative cost of one
-speculative iteration = (T_draft(k) + T_target(k + 1)) / T_target(1).
+k = draft length (k = 0 is plain decoding), α = acceptance rate, τ(k) = tokens per verify pass (a
+chain's geometric sum, or the drafter's tree's nodes, `moesim.sim.cost.tree`), C(k) = relative
+cost of one speculative iteration:
+
+    C(k) = (T_draft(k) + T_target(width(k)) + O(k)) / T_target(1),   S = τ(k) / C(k)
+
+width(k) = k + 1 for a chain, the tree's verify width otherwise; O(k) is the profile's
+`[speculative]` overhead (`moesim.sim.cost.trace_batch.spec_overhead_us`, the server's too; 0
+without one); `SpecCosts` keeps C(k)'s parts for the error box.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from moesim.errors import InputError
-from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, depth_alphas
+from moesim.hw_profiles import HardwareProfile
+from moesim.hw_profiles.speculative import SpecPath
+from moesim.sim.analysis.ranks import mean_costs, union_pass_cost
+from moesim.sim.analysis.scenario import Scenario, expected_costs
+from moesim.sim.cost.drafters import Drafter, draft_us
+from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, SIGNS, PassCost
+from moesim.sim.cost.trace_batch import spec_overhead_us
+from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, break_even_alpha_tree, depth_alphas
 
 TIE_RTOL = 1e-12
 _NEAR_ONE = 1e-6
@@ -157,3 +174,134 @@ def staircase(
             steps.append((hi, current))
             low = hi
     return steps
+
+
+def break_even_and_staircase(tree: TreeSpec, cost: np.ndarray) -> tuple[np.ndarray, list[tuple[float, int]]]:
+    """α*(k) for k = 0..K and the best-draft staircase of C(k): the chain's closed forms
+    (`break_even_alpha`, `staircase`), or the tree's (`break_even_alpha_tree`; k* from its nodes, on a coarser grid)."""
+    max_draft = np.size(cost) - 1
+    k = np.arange(max_draft + 1)
+    if tree.is_chain:
+        return break_even_alpha(k, cost), staircase(cost)
+    break_even = np.array([break_even_alpha_tree(tree, int(j), float(cost[j])) for j in k])
+
+    def tree_best(alpha: np.ndarray | float) -> np.ndarray:
+        """k* of the tree family at constant α (the staircase's question)."""
+        return best_in_table(tokens_per_pass_table(np.reshape(alpha, (-1, 1)), max_draft, tree) / cost)[0].reshape(np.shape(alpha))
+
+    return break_even, staircase(cost, grid=201, best=tree_best)
+
+
+# ---- the costs of a speculative iteration per k (the engine's spec path among them) ---------------
+
+TERMS = ("verify bytes", "draft cost", "spec overhead")
+
+
+def pick(cost: PassCost, index: np.ndarray) -> PassCost:
+    """The pass sizes of a PassCost at `index` (positions in its arrays)."""
+    cut = {f.name: getattr(cost, f.name)[index] for f in dataclasses.fields(cost) if isinstance(getattr(cost, f.name), np.ndarray)}
+    return dataclasses.replace(
+        cost,
+        **cut,
+        provenance_us={k: np.asarray(v)[index] for k, v in cost.provenance_us.items()},
+        expert_by_family_us={k: v[index] for k, v in cost.expert_by_family_us.items()},
+        engine_parts_us={k: np.asarray(v)[index] for k, v in cost.engine_parts_us.items()},
+    )
+
+
+@dataclass(frozen=True)
+class SpecCosts:
+    """Per draft length k = 0..K of a batch: verify width (per request), drafting time, the engine's
+    spec-path overhead, and the verify pass cost (kept in parts, the engine's time per forward
+    among them, for the error box)."""
+
+    widths: np.ndarray
+    draft_us: np.ndarray
+    overhead_us: np.ndarray
+    verify: PassCost
+    uses_dense: bool
+    spec: SpecPath | None = None
+    overhead_of: Callable[[dict[str, float]], np.ndarray] | None = None  # O per k at the engine terms' scales
+
+    def target_us(self, expert_sign: float = 0.0, dense_sign: float = 0.0, scale: dict[str, float] | None = None) -> np.ndarray:
+        """T_target(width(k)) at one corner, the engine's time per forward included (its terms at `scale`)."""
+        return self.verify.total_us(expert_sign, dense_sign, scale)
+
+    def relative(self, expert_sign: float = 0.0, dense_sign: float = 0.0, scale: dict[str, float] | None = None) -> np.ndarray:
+        """C(k) at one corner of the error box."""
+        draft = self.draft_us * (1.0 + dense_sign * self.verify.dense_epsilon) if self.uses_dense else self.draft_us
+        overhead = self.overhead_of(scale) if scale and self.overhead_of is not None else self.overhead_us
+        return relative_cost(draft + overhead, self.target_us(expert_sign, dense_sign, scale))
+
+    def scales(self, only: str | None = None) -> list[dict[str, float] | None]:
+        """The engine terms' corners (`SpecPath.corner_scales`), or the nominal terms alone without any."""
+        return list(self.spec.corner_scales(only)) if self.spec is not None else [None]
+
+    def corners(self) -> list[np.ndarray]:
+        """C(k) at the nominal point, then at each corner of the kernels' box times the engine terms' box."""
+        return [self.relative(), *(self.relative(e, d, s) for e, d in ERROR_BOX_CORNERS for s in self.scales())]
+
+    def one_at_a_time(self) -> dict[str, list[np.ndarray]]:
+        """C(k) at the two ends of each uncertain part alone (the others nominal): the expert and dense
+        kernels' bounds, each engine term's uncertainty, the engine's held-out error."""
+        out = {"expert kernels": [self.relative(e, 0.0) for e in SIGNS], "dense kernels": [self.relative(0.0, d) for d in SIGNS]}
+        if self.spec is not None:
+            for term in (*self.spec.uncertain_terms(), *(("heldout_error",) if self.spec.heldout_error else ())):
+                out[f"engine {term}"] = [self.relative(0.0, 0.0, s) for s in self.spec.corner_scales(term)]
+        return out
+
+    def shares(self) -> dict[str, np.ndarray]:
+        """C(k) − 1 by term: (T(width) − T(1)) / T(1), T_draft / T(1), O / T(1) (T with the engine's time per forward)."""
+        target = self.target_us()
+        return dict(zip(TERMS, ((target - target[0]) / target[0], self.draft_us / target[0], self.overhead_us / target[0]), strict=True))
+
+
+def spec_costs(scenario: Scenario, max_draft: int, batch: int = 1, max_batches: int = 256) -> SpecCosts:
+    """The costs of k = 0..max_draft for `batch` requests drafting in lockstep with the scenario's drafter and its tree."""
+    drafter = scenario.drafter
+    widths = np.array([drafter.tree.width(k) for k in range(max_draft + 1)])
+    if batch == 1:
+        verify = expected_costs(scenario, widths)
+    else:
+        model, trace, context = scenario.model, scenario.trace, scenario.context_tokens
+        verify = mean_costs([union_pass_cost(model, trace, batch, int(w), max_batches, context)[0] for w in widths])
+    return costs_on(
+        scenario.model.profile, drafter, widths, draft_costs_us(scenario, max_draft, batch), verify, batch, scenario.model.preset.layers
+    )
+
+
+def draft_costs_us(scenario: Scenario, max_draft: int, batch: int = 1) -> np.ndarray:
+    """T_draft(k) for k = 0..max_draft, `batch` requests drafting in lockstep."""
+    return np.array(
+        [draft_us(scenario.drafter, np.full(batch, k), scenario.context_tokens, scenario.dense_us) for k in range(max_draft + 1)]
+    )
+
+
+def costs_on(
+    profile: HardwareProfile,
+    drafter: Drafter,
+    widths: np.ndarray,
+    drafted: np.ndarray,
+    verify: PassCost,
+    batch: int,
+    target_layers: int = 0,
+) -> SpecCosts:
+    """SpecCosts with the profile's engine terms: O(k) for `batch` requests verifying widths[k]
+    tokens each (a separate draft model's steps whole forwards), and the terms' box (none without a
+    `[speculative]` table)."""
+    spec = profile.speculative
+    uses_dense = drafter.provenance == "profile"
+    if spec is None:
+        return SpecCosts(widths, drafted, np.zeros(widths.size), verify, uses_dense)
+
+    def overhead(scale: dict[str, float] | None = None) -> np.ndarray:
+        return np.array([spec_overhead_us(spec, drafter, k, batch * int(w), batch, target_layers, scale) for k, w in enumerate(widths)])
+
+    return SpecCosts(widths, drafted, overhead(), verify, uses_dense, spec, overhead)
+
+
+def speedup_tables(points: list[np.ndarray], costs: SpecCosts, tree: TreeSpec) -> tuple[np.ndarray, list[np.ndarray]]:
+    """τ per acceptance point (its per-depth rates, the last repeating) and k, and S = τ / C at the nominal point then every corner."""
+    rates = np.stack([np.pad(p, (0, max(len(q) for q in points) - len(p)), mode="edge") for p in points])
+    taus = tokens_per_pass_table(rates, costs.widths.size - 1, tree)
+    return taus, [taus / c for c in costs.corners()]

@@ -17,9 +17,10 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.kernels.features import uniform_distinct_experts
-from moesim.kernels.unions import BatchLanes, UnionFeatures, batch_lanes, batch_windows, union_features_many
+from moesim.kernels.unions import BatchLanes, UnionFeatures, union_features_many
 from moesim.kernels.windows import MAX_PASS_LIMIT, WindowSummary, empty_summary, summarize_windows
 from moesim.models import builtin_names, bytes_per_weight, load_preset
+from moesim.sim.cost.pass_features import batch_pass_windows
 from moesim.tracegen.formats.schema import TraceMeta
 from moesim.tracegen.formats.trace import Trace, iter_chunks, read_meta, read_trace
 
@@ -220,17 +221,11 @@ def batch_features(
     trace: Trace, max_pass: int, batch: int, max_batches: int = DEFAULT_MAX_BATCHES
 ) -> tuple[BatchLanes, list[UnionFeatures]]:
     """Union features of the batch passes of n = 1..max_pass tokens per lane (with the
-    tokens-per-expert histogram), and the lanes they come from."""
-    lanes = batch_lanes(trace.seq_starts, batch)
+    tokens-per-expert histogram), and the lanes they come from (`moesim.sim.cost.pass_features`)."""
     features = []
     for n in range(1, max_pass + 1):
-        offsets, starts, lengths = batch_windows(lanes, n, max_batches)
-        if offsets.size == 1:
-            raise InputError(
-                f"no batch pass of {batch} lanes x {n} positions fits ({lanes.describe()}; "
-                f"lanes have at most {int(lanes.length.max(initial=0))} positions); lower --max-pass or --batch"
-            )
-        features.append(union_features_many(trace.experts, offsets, starts, lengths, trace.meta.geometry.experts, histogram=True))
+        windows, lanes = batch_pass_windows(trace, batch, n, max_batches)
+        features.append(union_features_many(trace.experts, *windows, trace.meta.geometry.experts, histogram=True))
     return lanes, features
 
 

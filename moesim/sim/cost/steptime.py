@@ -193,25 +193,34 @@ class StepTimeModel:
         """The profile's dense family for one kernel's bytes and FLOPs (drafters run through it)."""
         return float(self.profile.dense.time_us(bytes_read, flops))
 
+    def dense_loads(
+        self, total_tokens: np.ndarray | float, context_tokens: np.ndarray | float, sequences: np.ndarray | float = 1.0
+    ) -> tuple[np.ndarray | float, np.ndarray | float, int, np.ndarray | float | None]:
+        """What a pass's dense part rests on, one device's share: bytes W + kv·context (non-expert
+        weights read once per pass plus every request's KV), FLOPs 2·params·tokens, kernels, and
+        attention's FLOPs a·(tokens / sequences)·context / devices where the profile prices them (else None)."""
+        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        attention = None
+        if np.isfinite(self.profile.dense.attention_tflops):
+            flops = self.preset.attention_flops_per_context_token() * total_tokens / sequences * context_tokens
+            attention = flops / self.parallel.devices
+        return weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * total_tokens, kernels, attention
+
     def dense_parts_us(
         self, total_tokens: np.ndarray, context_tokens: np.ndarray | float, sequences: np.ndarray | float = 1.0
     ) -> dict[str, np.ndarray]:
-        """The dense family's time by what it rests on: kernel launches (`launch_us`), non-expert
-        weights read once per pass plus every request's KV (`bandwidth_gbps`), 2·params FLOPs per
-        token (`tflops`), and where the profile prices them, attention's FLOPs: each of a
-        sequence's tokens against the sequence's context, (tokens / sequences) · context summed
-        over sequences (`attention_tflops`); one device's share over several."""
-        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        """The dense family's time (`dense_loads`) by what it rests on: kernel launches (`launch_us`),
+        bytes (`bandwidth_gbps`), FLOPs (`tflops`) and attention's FLOPs (`attention_tflops`)."""
+        as_array = (np.asarray(v, np.float64) for v in (total_tokens, context_tokens, sequences))
+        bytes_read, flops, kernels, attention = self.dense_loads(*as_array)
         dense = self.profile.dense
         parts = {
             "launch_us": dense.time_us(0.0, 0.0, kernels),
-            "bandwidth_gbps": dense.time_us(weight_bytes + kv_bytes_per_token * np.asarray(context_tokens, np.float64), 0.0, 0.0),
-            "tflops": dense.time_us(0.0, 2.0 * params * np.asarray(total_tokens, np.float64), 0.0),
+            "bandwidth_gbps": dense.time_us(bytes_read, 0.0, 0.0),
+            "tflops": dense.time_us(0.0, flops, 0.0),
         }
-        if np.isfinite(dense.attention_tflops):
-            per_sequence = np.asarray(total_tokens, np.float64) / np.asarray(sequences, np.float64)
-            flops = self.preset.attention_flops_per_context_token() * per_sequence * np.asarray(context_tokens, np.float64)
-            parts["attention_tflops"] = dense.attention_us(flops / self.parallel.devices)
+        if attention is not None:
+            parts["attention_tflops"] = dense.attention_us(attention)
         return parts
 
     @cached_property
@@ -248,10 +257,6 @@ class StepTimeModel:
             unit = spec.unit(term)
             parts[term] = getattr(spec, term) * np.vectorize(lambda t, u=unit: u.forward_us(t, self.preset.layers), otypes=[float])(n)
         return parts
-
-    def dense_us(self, total_tokens: np.ndarray, context_tokens: np.ndarray | float) -> np.ndarray:
-        """Dense-family time of one pass: launches + weights and KV / bandwidth + FLOPs / rate."""
-        return sum(self.dense_parts_us(total_tokens, context_tokens).values())  # type: ignore[return-value]
 
     def pass_cost(self, features: RoutingFeatures, context_tokens: np.ndarray | float = 0.0, sequences: float = 1.0) -> PassCost:
         """Pass times for features shaped (..., MoE layers): one union of windows per pass, e.g. a
@@ -366,15 +371,13 @@ class StepTimeModel:
     ) -> float:
         """A pass's expert time plus its dense part (attention's FLOPs where the profile prices
         them), fixed time and, over several devices, collectives; `logits` as `dense_pass_us`."""
-        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
-        flops = 2.0 * params * n_tokens
+        bytes_read, flops, kernels, attention = self.dense_loads(n_tokens, context_tokens, sequences)
         if logits is not None:
             head_bytes, head_flops = self._head_saved(n_tokens, *logits)
-            weight_bytes, flops = weight_bytes - head_bytes, flops - head_flops
-        dense = float(self.profile.dense.time_us(weight_bytes + kv_bytes_per_token * context_tokens, flops, kernels))
-        if np.isfinite(self.profile.dense.attention_tflops):
-            flops = self.preset.attention_flops_per_context_token() * n_tokens / sequences * context_tokens
-            dense += float(self.profile.dense.attention_us(flops / self.parallel.devices))
+            bytes_read, flops = bytes_read - head_bytes, flops - head_flops
+        dense = float(self.profile.dense.time_us(bytes_read, flops, kernels))
+        if attention is not None:
+            dense += float(self.profile.dense.attention_us(attention))
         total = expert_us + dense + self.profile.pass_fixed_us
         if self.profile.speculative is not None:
             return total + ((self.comm_us(n_tokens) if self.parallel.devices > 1 else 0.0) + self.engine_us(n_tokens))

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moesim.errors import InputError
+from moesim.hw_profiles.speculative import SpecPath
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.unions import PrefillRegion, union_features, union_pass, union_scratch
 from moesim.sim.cost.drafters import Drafter, FixedDrafter, draft_model_layers, draft_steps, draft_us
@@ -40,6 +41,22 @@ from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, OUTSIDE, STRAY_ID
 from moesim.sim.cost.pass_table import NO_CHUNKS, PrefillChunks
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.tracegen.formats.trace import Trace
+
+
+def spec_overhead_us(
+    spec: SpecPath | None,
+    drafter: Drafter,
+    draft_len: int,
+    verified_tokens: int,
+    requests: int,
+    target_layers: int,
+    scale: dict[str, float] | None = None,
+) -> float:
+    """O of one speculative iteration (`SpecPath.overhead_us`): the drafter's steps at draft length
+    k (a separate draft model's each a whole forward), every verified token of the batch; 0 without a [speculative] table."""
+    if spec is None:
+        return 0.0
+    return spec.overhead_us(draft_steps(drafter, draft_len), verified_tokens, draft_model_layers(drafter), requests, target_layers, scale)
 
 
 @dataclass
@@ -74,8 +91,7 @@ class _Drafting:
         if spec is None:
             return drafted
         verified = int(np.sum(np.asarray(self.widths)[lens])) if self.widths else int(np.sum(lens + 1))
-        steps, layers = draft_steps(self.drafter, int(lens.max())), draft_model_layers(self.drafter)
-        return drafted + spec.overhead_us(steps, verified, layers, int(lens.size), self.model.preset.layers)
+        return drafted + spec_overhead_us(spec, self.drafter, int(lens.max()), verified, int(lens.size), self.model.preset.layers)
 
     def chunked_prefill_us(self, prompt_tokens: int, chunk: int, pass_us: Callable[[int, int], float]) -> float:
         """ceil(P / chunk) passes of at most `chunk` tokens at the context already prefilled."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moesim.errors import ConfigError, MoesimError
-from moesim.kernels.unions import batch_lanes
+from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.models import ModelPreset
+from moesim.sim.cost.pass_features import fitting_lanes
 from moesim.sim.sweep.config import MODEL_PLACEHOLDER, SweepConfig
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace, read_trace
@@ -39,13 +39,12 @@ def _check_trace(config: SweepConfig, index: int, trace: Trace, batches: tuple[i
     """Every batch size finds lanes of at least N positions in the trace."""
     need = config.grid.max_tokens
     for batch in batches:
-        lanes = batch_lanes(trace.seq_starts, batch)
-        longest = int(lanes.length.max(initial=0))
-        if longest < need:
+        try:
+            fitting_lanes(trace, batch, need)
+        except InputError as exc:
             raise ConfigError(
-                f"{config.key(f'routing[{index}].trace')}: at batch {batch} the longest lane of the trace has {longest} positions, "
-                f"passes up to {need} tokens per sequence need at least {need} (max_pass / max_draft + 1)"
-            )
+                f"{config.key(f'routing[{index}].trace')}: {exc} (the grid passes max_pass, or max_draft + 1, tokens per sequence)"
+            ) from None
 
 
 def plan_units(config: SweepConfig) -> list[WorkUnit]:

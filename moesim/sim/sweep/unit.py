@@ -11,16 +11,20 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from moesim.cache import content_digest, group
-from moesim.kernels.features import RoutingFeatures
-from moesim.kernels.reuse import DEFAULT_TILES, group_features
-from moesim.kernels.unions import batch_lanes, batch_windows
-from moesim.sim.analysis.best_draft import draft_costs_us
 from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, win_window
-from moesim.sim.analysis.scenario import Scenario, mean_distinct_experts, window_distributions
-from moesim.sim.analysis.speculation import best_in_table, speedup_table, tokens_per_pass, tokens_per_pass_table
-from moesim.sim.analysis.verdict import SpecCosts, costs_on, pick
+from moesim.sim.analysis.scenario import Scenario
+from moesim.sim.analysis.speculation import (
+    SpecCosts,
+    best_in_table,
+    costs_on,
+    draft_costs_us,
+    pick,
+    speedup_table,
+    tokens_per_pass,
+    tokens_per_pass_table,
+)
 from moesim.sim.cost.drafters import make_drafter
+from moesim.sim.cost.pass_features import pass_distributions
 from moesim.sim.cost.steptime import BEST, PassCost, StepTimeModel
 from moesim.sim.cost.tree import TreeSpec
 from moesim.sim.sweep.cells import SimulationTally, simulation_rows
@@ -47,65 +51,6 @@ def unit_trace(config: SweepConfig, model: str, routing: Routing, batch: int) ->
             generator = make_generator(routing.generator, routing.params)
             _TRACES[key] = synthesize(config.presets[model], generator, tokens, seqs, routing.seed, config.grid.weight_format or None)
     return _TRACES[key]
-
-
-def pass_distributions(
-    trace: Trace, batch: int, max_tokens: int, max_batches: int
-) -> tuple[list[tuple[RoutingFeatures, np.ndarray]], np.ndarray]:
-    """Per-layer feature distributions of passes of B·n tokens, n = 1..max_tokens (B sequences, n
-    each), and the mean distinct experts per layer. B = 1: every window of the trace, exactly;
-    B > 1: the unions of up to `max_batches` lockstep batches of B lanes, each (batch, layer) equally likely."""
-    starts = trace.seq_starts
-    if batch == 1:
-        sizes = np.arange(1, max_tokens + 1)
-        distributions = window_distributions(trace, sizes)
-        return distributions, mean_distinct_experts(trace, sizes, distributions)
-    lanes = batch_lanes(starts, batch)
-    distributions, distinct = [], []
-    for n in range(1, max_tokens + 1):
-        f = cached_group_features(trace, *batch_windows(lanes, n, max_batches))
-        flat = RoutingFeatures(
-            f.n_tokens.ravel(), f.slots.ravel(), f.distinct_experts.ravel(), f.max_tokens_per_expert.ravel(),
-            f.reread_histogram.reshape(-1, f.reread_histogram.shape[-1]), {t: r.ravel() for t, r in f.chunk_reads.items()},
-        )  # fmt: skip
-        distributions.append((flat, np.full(flat.shape, 1.0 / flat.shape[0])))
-        distinct.append(float(f.distinct_experts.mean()))
-    return distributions, np.asarray(distinct)
-
-
-WINDOW_FEATURES = "window-features"  # the disk cache's kind of `cached_group_features` entries
-_TRACE_DIGESTS: dict[int, tuple[np.ndarray, str]] = {}  # id of a trace's ids → (the array, kept alive; its content digest)
-
-
-def _trace_digest(trace: Trace) -> str:
-    experts = trace.experts
-    entry = _TRACE_DIGESTS.get(id(experts))
-    if entry is None or entry[0] is not experts:
-        if len(_TRACE_DIGESTS) >= 8:
-            _TRACE_DIGESTS.clear()
-        entry = _TRACE_DIGESTS[id(experts)] = (experts, content_digest(experts, trace.seq_starts, trace.meta.geometry.experts))
-    return entry[1]
-
-
-def cached_group_features(trace: Trace, offsets: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> RoutingFeatures:
-    """`group_features` of groups of windows of the trace, through the disk cache (`moesim.cache`):
-    keyed by the content of the trace's expert ids and of the windows, built once per cache."""
-    experts, n_experts = trace.experts, trace.meta.geometry.experts
-    disk = group(WINDOW_FEATURES, _trace_digest(trace), offsets, starts, lengths)
-    grid, f8 = (offsets.size - 1, experts.shape[1]), np.dtype(np.float64)
-    names = ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert")
-    shapes = {**{name: (grid, f8) for name in names}, "reread_histogram": ((*grid, n_experts + 1), f8)}
-    shapes |= {f"chunk_reads_{t}": (grid, f8) for t in DEFAULT_TILES}
-    arrays = disk.load("features", shapes) if disk is not None else None
-    if arrays is not None:
-        reads = {t: arrays[f"chunk_reads_{t}"] for t in DEFAULT_TILES}
-        return RoutingFeatures(*(arrays[name] for name in names), arrays["reread_histogram"], reads)
-    f = group_features(experts, n_experts, offsets, starts, lengths)
-    if disk is not None:
-        built = {name: np.asarray(getattr(f, name), np.float64) for name in (*names, "reread_histogram")}
-        reads = {f"chunk_reads_{t}": np.asarray(r, np.float64) for t, r in (f.chunk_reads or {}).items()}
-        disk.store("features", built | reads, compress=True)  # mostly zeros: the histogram's long distances
-    return f
 
 
 def _pass_rows(
@@ -187,8 +132,8 @@ def compute_unit(config: SweepConfig, unit: WorkUnit) -> pa.Table:
     preset = config.presets[unit.model]
     trace = unit_trace(config, unit.model, routing, unit.batch)
     weight_format = grid.weight_format or trace.meta.geometry.weight_format
-    distributions, distinct = pass_distributions(trace, unit.batch, grid.max_tokens, config.sweep.max_batches)
     n = np.arange(1, grid.max_tokens + 1)
+    distributions, distinct = pass_distributions(trace, unit.batch, n, config.sweep.max_batches)
     share = byte_share(distinct, n * unit.batch, preset.top_k)
     k_count = grid.max_draft + 1
     frames = []

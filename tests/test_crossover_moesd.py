@@ -7,7 +7,8 @@ import pytest
 
 from moesim.kernels.features import uniform_distinct_experts
 from moesim.sim.analysis.crossover import bandwidth_ratio, byte_share, uniform_crossover, win_window
-from moesim.sim.analysis.moesd import full_activation_tokens, target_efficiency
+from moesim.sim.analysis.moesd import full_activation_tokens
+from moesim.sim.analysis.speculation import target_efficiency
 
 
 def test_uniform_crossover_matches_issue_figures() -> None:

@@ -199,7 +199,7 @@ def test_drafter_specs_and_trees_are_read_or_refused_in_one_line() -> None:
 
 
 def test_acceptance_options_are_read_or_refused_in_one_line() -> None:
-    from moesim.sim.analysis.verdict import acceptance_points
+    from moesim.sim.analysis.speculation import acceptance_points
     from moesim.sim.cost.tree import TreeSpec
 
     def read(option: tuple[str, str]) -> str:
@@ -216,7 +216,7 @@ def test_acceptance_options_are_read_or_refused_in_one_line() -> None:
 
 
 def test_recorded_accepted_counts_are_read_or_refused_in_one_line(tmp_path: Path) -> None:
-    from moesim.sim.analysis.verdict import recorded_rates
+    from moesim.sim.analysis.speculation import recorded_rates
 
     kind = TextKind("accept-run", "a.csv", ACCEPTED_RUN, lambda path: recorded_rates(str(path)))
     outcomes = _run_cases(corrupted_text(ACCEPTED_RUN), lambda text: check_text(kind, tmp_path, text, snapshot))  # type: ignore[arg-type]

@@ -10,23 +10,16 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.parsing import parse_int
-from moesim.sim.analysis.moesd import target_efficiency
 from moesim.sim.analysis.ranks import union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
-from moesim.sim.analysis.speculation import (
-    check_acceptance,
-    check_draft_lengths,
-    tokens_per_pass,
-)
-from moesim.sim.cost.drafters import draft_us
-from moesim.sim.cost.trace_batch import spec_overhead_us
+from moesim.sim.analysis.speculation import batch_iteration, target_efficiency
 from moesim.tracegen.formats.trace import Trace
 
 
 @dataclass(frozen=True)
 class BatchEffect:
     """Per batch size B: target pass times for 1 and v tokens per sequence, MoESD's target
-    efficiency T(B, 1) / T(B, v), and the speedup of speculation at α and k."""
+    efficiency T(B, 1) / T(B, v), and the speedup of speculation at α and k (τ: `tokens_per_pass`)."""
 
     alpha: float
     draft_len: int
@@ -38,8 +31,9 @@ class BatchEffect:
     distinct_experts: np.ndarray
     extrapolation: np.ndarray
     source: list[str]
+    tokens_per_pass: float
     warnings: list[str] = field(default_factory=list)
-    tokens_per_pass: float | None = None  # τ of the drafter's tree at α (None: the chain's τ(k, α))
+    tree: bool = False  # τ is the drafter's tree's at α, not the chain's τ(k, α)
     spec_us: np.ndarray | None = None  # the profile's spec-path overhead per B (None: no [speculative] table)
 
     @property
@@ -50,9 +44,8 @@ class BatchEffect:
     @property
     def speedup(self) -> np.ndarray:
         """S(B) = τ·T(B, 1) / (T_draft(B, k) + T(B, v) + O(B)), v = k + 1 or the tree's width."""
-        tau = tokens_per_pass(self.draft_len, self.alpha) if self.tokens_per_pass is None else self.tokens_per_pass
         spent = self.draft_us + self.verify_us if self.spec_us is None else self.draft_us + self.verify_us + self.spec_us
-        return tau * self.single_us / spent
+        return self.tokens_per_pass * self.single_us / spent
 
     def table(self) -> pl.DataFrame:
         """One row per B."""
@@ -73,7 +66,7 @@ class BatchEffect:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        tree = {} if self.tokens_per_pass is None else {"tokens_per_pass": self.tokens_per_pass}
+        tree = {"tokens_per_pass": self.tokens_per_pass} if self.tree else {}
         return {
             "alpha": self.alpha,
             "draft_len": self.draft_len,
@@ -102,44 +95,32 @@ def batch_analysis(
     """Speedup and target efficiency vs batch size. MoESD's convention verifies γ = k slots per
     sequence (`moesd_slots`); moesim's verifies k + 1, or the width of the drafter's tree at k; the
     profile's spec-path terms (if any) add to every iteration."""
-    check_acceptance(alpha)
-    k = int(check_draft_lengths(draft_len))
-    if k < 1:
-        raise InputError(f"batch analysis needs a draft length >= 1, got {k}")
-    if not batches or min(batches) < 1:
-        raise InputError(f"batch sizes must be >= 1, got {batches}")
+    iteration = batch_iteration(scenario, alpha, draft_len, batches, moesd_slots)
     if routing not in ("trace", "uniform"):
         raise InputError(f"routing must be 'trace' or 'uniform', got '{routing}'")
     trace = scenario.trace if routing == "trace" else uniform_twin(scenario.trace, scenario.model.preset, batch=max(batches))
-    tree = scenario.drafter.tree
-    if moesd_slots and not tree.is_chain:
-        raise InputError("--moesd-slots verifies gamma = k slots of a chain; the drafter has a tree")
-    verify = k if moesd_slots else tree.width(k)
-    spec = scenario.model.profile.speculative
-    layers = scenario.model.preset.layers
     rows = []
     for b in batches:  # the passes' costs hold the engine's time per forward (StepTimeModel.engine_us)
         single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
-        multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, verify, max_batches)
-        drafted = draft_us(scenario.drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us)
-        overhead = spec_overhead_us(spec, scenario.drafter, k, b * verify, b, layers)
-        rows.append((single, multi, drafted, distinct, max(x1, xv), f"B={b}: {source}", overhead))
-    single, multi, drafted, distinct, factor, source, overheads = zip(*rows, strict=True)
+        multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, iteration.verify_tokens, max_batches)
+        rows.append((single, multi, distinct, max(x1, xv), f"B={b}: {source}"))
+    single, multi, distinct, factor, source = zip(*rows, strict=True)
     sizes = np.asarray(batches)
     return BatchEffect(
         alpha=float(alpha),
-        draft_len=k,
-        verify_tokens=verify,
+        draft_len=iteration.draft_len,
+        verify_tokens=iteration.verify_tokens,
         batch=sizes,
         single_us=np.asarray(single),
         verify_us=np.asarray(multi),
-        draft_us=np.asarray(drafted),
+        draft_us=iteration.draft_us,
         distinct_experts=np.asarray(distinct),
         extrapolation=np.asarray(factor),
         source=list(source),
+        tokens_per_pass=iteration.tokens_per_pass,
         warnings=extrapolation_warnings("batch", "B", np.asarray(factor), sizes),
-        tokens_per_pass=None if tree.is_chain else float(tree.tokens_per_pass(k, np.array([alpha]))[0]),
-        spec_us=None if spec is None else np.asarray(overheads),
+        tree=iteration.tree,
+        spec_us=iteration.spec_us,
     )
 
 

@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from moesim.errors import InputError
-from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, extrapolation_warnings
-from moesim.sim.analysis.speculation import best_in_table, break_even_and_staircase, check_draft_lengths, spec_costs, speedup_tables
-from moesim.sim.analysis.verdict import AcceptancePoint, Verdict, acceptance_points, verdicts
+from moesim.sim.analysis.scenario import Scenario
+from moesim.sim.analysis.speculation import speedups
+from moesim.sim.analysis.verdict import Verdict, verdicts
 
 
 @dataclass(frozen=True)
@@ -120,9 +119,6 @@ class BestDraft:
         return out
 
 
-DEFAULT_MAX_DRAFT = 8  # the largest draft length k of best-draft when none is given
-
-
 def best_draft_analysis(
     scenario: Scenario,
     alphas: list[float] | np.ndarray,
@@ -135,55 +131,26 @@ def best_draft_analysis(
     verdict: bool = False,
 ) -> BestDraft:
     """Best draft length k = 0..max_draft per acceptance point, with intervals from the families' ε
-    (and the spec-path terms' bound); `verdict` adds whether speculation pays at each point.
-    `max_draft` None: DEFAULT_MAX_DRAFT, or the depth of a static tree (paths) when shallower."""
-    depth = scenario.drafter.tree.max_depth
-    if max_draft is None:
-        max_draft = DEFAULT_MAX_DRAFT if depth is None else min(DEFAULT_MAX_DRAFT, depth)
-    elif depth is not None and max_draft > depth:
-        raise InputError(
-            f"--max-draft {max_draft} is deeper than the drafter's tree ({scenario.drafter.tree.label()} reaches depth {depth}): "
-            f"give --max-draft {depth} or less, or a deeper tree"
-        )
-    check_draft_lengths(max_draft, "max draft length")
-    if max_draft > LARGEST_PASS - 1:  # a verify pass is k + 1 tokens
-        raise InputError(f"the largest draft length (--max-draft) must lie in 0..{LARGEST_PASS - 1}, got {max_draft}")
-    longest = int(scenario.trace.seq_lengths().max())
-    if max_draft + 1 > longest:
-        raise InputError(f"--max-draft {max_draft} needs passes of {max_draft + 1} positions; the longest in the trace has {longest}")
-    if batch < 1:
-        raise InputError(f"batch must be >= 1, got {batch}")
-    tree = scenario.drafter.tree
-    points: list[AcceptancePoint] = acceptance_points(list(np.ravel(alphas)), accept_lengths or [], depth_rates or [], runs or [], tree)
-    costs = spec_costs(scenario, max_draft, batch)
-    taus, tables = speedup_tables([p.rates for p in points], costs, tree)
-    nominal = costs.relative()
-    k_star, s_star = best_in_table(tables[0])
-    index = np.arange(len(points))
-    at_corners = [t[index, k_star] for t in tables]  # the nominal point with the corners (a term's bound may be a factor)
-    k_corners = np.stack([best_in_table(t)[0] for t in tables[1:]])
-    break_even, steps = break_even_and_staircase(tree, nominal)
+    (and the spec-path terms' bound), all from one `speculation.speedups`; `verdict` adds whether
+    speculation pays at each point. `max_draft` None: the speculation math's default."""
+    found = speedups(scenario, list(np.ravel(alphas)), accept_lengths or [], depth_rates or [], runs or [], max_draft, batch)
+    labels = tuple(p.label for p in found.points)
+    overhead = found.costs.overhead_us
     return BestDraft(
-        alpha=np.array([p.alpha for p in points]),
-        best_draft=k_star,
-        speedup=s_star,
-        speedup_low=np.min(at_corners, axis=0),
-        speedup_high=np.max(at_corners, axis=0),
-        best_draft_low=k_corners.min(axis=0),
-        best_draft_high=k_corners.max(axis=0),
-        relative_cost=nominal,
-        break_even=break_even,
-        steps=steps,
-        warnings=extrapolation_warnings("verify pass", "n", *_distinct(costs.verify.extrapolation, costs.widths)),
-        acceptance=tuple(p.label for p in points) if any(not p.label.startswith("alpha=") for p in points) else (),
-        verify_tokens=() if tree.is_chain else tuple(int(w) for w in costs.widths),
-        spec_overhead_us=tuple(float(o) for o in costs.overhead_us) if np.any(costs.overhead_us) else (),
+        alpha=found.alpha,
+        best_draft=found.best_draft,
+        speedup=found.speedup,
+        speedup_low=found.speedup_low,
+        speedup_high=found.speedup_high,
+        best_draft_low=found.best_draft_low,
+        best_draft_high=found.best_draft_high,
+        relative_cost=found.relative_cost,
+        break_even=found.break_even,
+        steps=found.steps,
+        warnings=found.warnings,
+        acceptance=labels if any(not label.startswith("alpha=") for label in labels) else (),
+        verify_tokens=found.verify_tokens,
+        spec_overhead_us=tuple(float(o) for o in overhead) if np.any(overhead) else (),
         batch=batch,
-        verdicts=tuple(verdicts(points, tables, taus, costs, tree)) if verdict else (),
+        verdicts=tuple(verdicts(found, scenario.drafter.tree)) if verdict else (),
     )
-
-
-def _distinct(factor: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One extrapolation factor per distinct verify width (a tree's widths repeat once capped)."""
-    sizes, first = np.unique(widths, return_index=True)
-    return np.asarray(factor)[first], sizes

@@ -17,18 +17,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from moesim.errors import InputError
+from moesim.fields import FieldError
 from moesim.hw_profiles import HardwareProfile
 from moesim.hw_profiles.speculative import SpecPath
+from moesim.parsing import parse_float, parse_int
 from moesim.sim.analysis.ranks import mean_costs, union_pass_cost
-from moesim.sim.analysis.scenario import Scenario, expected_costs
+from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, expected_costs, extrapolation_warnings
 from moesim.sim.cost.drafters import Drafter, draft_us
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, SIGNS, PassCost
 from moesim.sim.cost.trace_batch import spec_overhead_us
-from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, break_even_alpha_tree, depth_alphas
+from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, break_even_alpha_tree, depth_alphas, solve_alpha
+from moesim.tracegen.formats.specrun import read_accepted_counts
 
 TIE_RTOL = 1e-12
 _NEAR_ONE = 1e-6
@@ -52,6 +56,73 @@ def check_draft_lengths(draft_len: np.ndarray | int, name: str = "draft length")
     if np.any(values < 0):
         raise InputError(f"{name} must be >= 0, got {values[values < 0].flat[0]}")
     return values
+
+
+@dataclass(frozen=True)
+class AcceptancePoint:
+    """One acceptance: the drafter's top-1 rate per depth (the last repeats) and how it was given."""
+
+    label: str
+    rates: np.ndarray
+
+
+def acceptance_points(
+    alphas: list[float],
+    accept_lengths: list[str],
+    depth_rates: list[str],
+    runs: list[str],
+    tree: TreeSpec,
+    sibling_rate: float = DEFAULT_SIBLING_RATE,
+) -> list[AcceptancePoint]:
+    """Acceptance points from rates α (one per depth, the same at every depth), measured mean
+    acceptance lengths 'L@k' (tokens per pass with the bonus, at draft length k of the drafter's
+    tree: α solved), per-depth rates 'a1,a2,...', and recorded runs (accepted counts: α_d = S_d / S_{d−1})."""
+    points = [AcceptancePoint(f"alpha={a:g}", np.array([a])) for a in check_acceptance(np.asarray(alphas, np.float64)).ravel()]
+    for text in accept_lengths:
+        length, sep, at = text.partition("@")
+        if not sep:
+            raise InputError(f"--accept-len must be LENGTH@DRAFT_LEN (e.g. 2.4@3), got '{text}'")
+        k = parse_int(at, f"--accept-len '{text}': draft length", 1, LARGEST_PASS - 1)  # a verify pass of k + 1 tokens
+        value = parse_float(length, f"--accept-len '{text}': length (tokens per pass, bonus included)")  # its range: solve_alpha
+        points.append(AcceptancePoint(f"length {value:g} at k={k}", np.array([solve_alpha(tree, k, value, sibling_rate)])))
+    for text in depth_rates:
+        items = [r for r in text.split(",") if r.strip()]
+        if len(items) > LARGEST_PASS:
+            raise InputError(f"--depth-rates: {len(items)} rates, more than the deepest draft ({LARGEST_PASS - 1}) can use")
+        rates = np.array([parse_float(r, f"--depth-rates '{text[:40]}': rate", 0.0, 1.0) for r in items])
+        if rates.size == 0:
+            raise InputError("--depth-rates needs at least one rate")
+        points.append(AcceptancePoint(f"rates {text}", check_acceptance(rates, "depth rate")))
+    for path in runs:
+        points.append(AcceptancePoint(f"run {path}", recorded_rates(path)))
+    if not points:
+        raise InputError("give an acceptance: --alpha, --accept-len, --depth-rates or --accept-run")
+    return points
+
+
+def recorded_rates(path: str) -> np.ndarray:
+    """Per-depth rates of a recorded run's accepted counts (draft length K): S_d = P(A >= d), α_d = S_d / S_{d−1}, d <= K."""
+    try:
+        sequences, drafted = read_accepted_counts(Path(path))
+    except FieldError as exc:
+        raise InputError(f"--accept-run {path}: {exc.detail}") from None
+    counts = np.concatenate(sequences) if sequences else np.zeros(0, np.int64)
+    if counts.dtype.kind not in "iu":
+        raise InputError(f"--accept-run {path}: column 'accepted' must hold integer counts, got {counts.dtype} values")
+    if np.any(counts < 0):
+        raise InputError(f"--accept-run {path}: column 'accepted' must be >= 0, got {int(counts.min())}")
+    depth = int(drafted if drafted is not None else counts.max(initial=0))
+    if counts.size == 0 or depth < 1:
+        raise InputError(f"--accept-run {path}: no drafted step to read acceptance from")
+    if depth > LARGEST_PASS - 1:
+        raise InputError(
+            f"--accept-run {path}: draft length {depth} is beyond {LARGEST_PASS - 1} (reading its per-depth rates would "
+            f"take {depth:.3g} passes over {counts.size} counts)"
+        )
+    if drafted is not None and counts.max() > drafted:
+        raise InputError(f"--accept-run {path}: column 'accepted' holds {int(counts.max())}, more than the {drafted} tokens drafted")
+    survival = np.array([1.0, *((counts >= d).mean() for d in range(1, depth + 1))])
+    return np.divide(survival[1:], survival[:-1], out=np.zeros(depth), where=survival[:-1] > 0)
 
 
 def tokens_per_pass(draft_len: np.ndarray | int, alpha: np.ndarray | float) -> np.ndarray:
@@ -305,3 +376,134 @@ def speedup_tables(points: list[np.ndarray], costs: SpecCosts, tree: TreeSpec) -
     rates = np.stack([np.pad(p, (0, max(len(q) for q in points) - len(p)), mode="edge") for p in points])
     taus = tokens_per_pass_table(rates, costs.widths.size - 1, tree)
     return taus, [taus / c for c in costs.corners()]
+
+
+def target_efficiency(single_token_us: np.ndarray, verify_us: np.ndarray) -> np.ndarray:
+    """MoESD's target efficiency T_T(B, 1) / T_T(B, γ): how close to free verification is."""
+    return np.asarray(single_token_us, np.float64) / np.asarray(verify_us, np.float64)
+
+
+# ---- what a command asks of the speculation math, in one call ----------------------------------
+
+DEFAULT_MAX_DRAFT = 8  # the largest draft length k of best-draft when none is given
+
+
+@dataclass(frozen=True)
+class Speedups:
+    """Everything `best-draft` asks of the speculation math: the acceptance points, the iteration's
+    costs C(k) with their box, τ and S = τ / C per point and k (nominal, then every corner), k*(α)
+    with its speedup, their ranges over the box, break-even acceptances and the staircase."""
+
+    points: list[AcceptancePoint]
+    alpha: np.ndarray
+    costs: SpecCosts
+    taus: np.ndarray
+    tables: list[np.ndarray]
+    relative_cost: np.ndarray
+    best_draft: np.ndarray
+    speedup: np.ndarray
+    speedup_low: np.ndarray
+    speedup_high: np.ndarray
+    best_draft_low: np.ndarray
+    best_draft_high: np.ndarray
+    break_even: np.ndarray
+    steps: list[tuple[float, int]]
+    verify_tokens: tuple[int, ...]  # per k when the drafter verifies a tree
+    warnings: list[str]
+
+
+def speedups(
+    scenario: Scenario,
+    alphas: list[float],
+    accept_lengths: list[str],
+    depth_rates: list[str],
+    runs: list[str],
+    max_draft: int | None,
+    batch: int,
+) -> Speedups:
+    """k*(α) = argmax_k τ(k) / C(k) for k = 0..max_draft per acceptance point, over the error box too.
+    `max_draft` None: DEFAULT_MAX_DRAFT, or the depth of a static tree (paths) when shallower."""
+    tree = scenario.drafter.tree
+    depth = tree.max_depth
+    if max_draft is None:
+        max_draft = DEFAULT_MAX_DRAFT if depth is None else min(DEFAULT_MAX_DRAFT, depth)
+    elif depth is not None and max_draft > depth:
+        raise InputError(
+            f"--max-draft {max_draft} is deeper than the drafter's tree ({tree.label()} reaches depth {depth}): "
+            f"give --max-draft {depth} or less, or a deeper tree"
+        )
+    check_draft_lengths(max_draft, "max draft length")
+    if max_draft > LARGEST_PASS - 1:  # a verify pass is k + 1 tokens
+        raise InputError(f"the largest draft length (--max-draft) must lie in 0..{LARGEST_PASS - 1}, got {max_draft}")
+    longest = int(scenario.trace.seq_lengths().max())
+    if max_draft + 1 > longest:
+        raise InputError(f"--max-draft {max_draft} needs passes of {max_draft + 1} positions; the longest in the trace has {longest}")
+    if batch < 1:
+        raise InputError(f"batch must be >= 1, got {batch}")
+    points = acceptance_points(alphas, accept_lengths, depth_rates, runs, tree)
+    costs = spec_costs(scenario, max_draft, batch)
+    taus, tables = speedup_tables([p.rates for p in points], costs, tree)
+    nominal = costs.relative()
+    k_star, s_star = best_in_table(tables[0])
+    index = np.arange(len(points))
+    at_corners = [t[index, k_star] for t in tables]  # the nominal point with the corners (a term's bound may be a factor)
+    k_corners = np.stack([best_in_table(t)[0] for t in tables[1:]])
+    break_even, steps = break_even_and_staircase(tree, nominal)
+    sizes, first = np.unique(costs.widths, return_index=True)  # one extrapolation factor per distinct verify width
+    return Speedups(
+        points=points,
+        alpha=np.array([p.rates[0] for p in points], np.float64),
+        costs=costs,
+        taus=taus,
+        tables=tables,
+        relative_cost=nominal,
+        best_draft=k_star,
+        speedup=s_star,
+        speedup_low=np.min(at_corners, axis=0),
+        speedup_high=np.max(at_corners, axis=0),
+        best_draft_low=k_corners.min(axis=0),
+        best_draft_high=k_corners.max(axis=0),
+        break_even=break_even,
+        steps=steps,
+        verify_tokens=() if tree.is_chain else tuple(int(w) for w in costs.widths),
+        warnings=extrapolation_warnings("verify pass", "n", np.asarray(costs.verify.extrapolation)[first], sizes),
+    )
+
+
+@dataclass(frozen=True)
+class BatchIteration:
+    """What `batch` asks of the speculation math per batch size B: k, the verify width v per request,
+    τ at α, T_draft(B, k) and O(B) (None without a [speculative] table)."""
+
+    draft_len: int
+    verify_tokens: int
+    tokens_per_pass: float
+    tree: bool  # τ is the drafter's tree's, not a chain's τ(k, α)
+    draft_us: np.ndarray
+    spec_us: np.ndarray | None
+
+
+def batch_iteration(scenario: Scenario, alpha: float, draft_len: int, batches: list[int], moesd_slots: bool) -> BatchIteration:
+    """τ(k, α) (or the tree's), v = k + 1 (the tree's width at k; k under MoESD's slots), T_draft(B, k)
+    and O(B) of `B` requests drafting and verifying in lockstep, for each B of `batches`."""
+    check_acceptance(alpha)
+    k = int(check_draft_lengths(draft_len))
+    if k < 1:
+        raise InputError(f"batch analysis needs a draft length >= 1, got {k}")
+    if not batches or min(batches) < 1:
+        raise InputError(f"batch sizes must be >= 1, got {batches}")
+    drafter = scenario.drafter
+    tree = drafter.tree
+    chain = tree.is_chain
+    if moesd_slots and not chain:
+        raise InputError("--moesd-slots verifies gamma = k slots of a chain; the drafter has a tree")
+    verify = k if moesd_slots else tree.width(k)
+    spec, layers = scenario.model.profile.speculative, scenario.model.preset.layers
+    return BatchIteration(
+        draft_len=k,
+        verify_tokens=verify,
+        tokens_per_pass=float(tokens_per_pass(k, alpha)) if chain else float(tree.tokens_per_pass(k, np.array([alpha]))[0]),
+        tree=not chain,
+        draft_us=np.asarray([draft_us(drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us) for b in batches]),
+        spec_us=None if spec is None else np.asarray([spec_overhead_us(spec, drafter, k, b * verify, b, layers) for b in batches]),
+    )

@@ -133,7 +133,7 @@ def best_draft_analysis(
     """Best draft length k = 0..max_draft per acceptance point, with intervals from the families' ε
     (and the spec-path terms' bound), all from one `speculation.speedups`; `verdict` adds whether
     speculation pays at each point. `max_draft` None: the speculation math's default."""
-    found = speedups(scenario, list(np.ravel(alphas)), accept_lengths or [], depth_rates or [], runs or [], max_draft, batch)
+    found = speedups(scenario, list(np.ravel(alphas)), accept_lengths or [], depth_rates or [], runs or [], max_draft, batch, verdict)
     labels = tuple(p.label for p in found.points)
     overhead = found.costs.overhead_us
     return BestDraft(

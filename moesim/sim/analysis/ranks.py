@@ -14,7 +14,7 @@ import numpy as np
 
 from moesim.hw_profiles.ladder.rungs import RUNGS
 from moesim.kernels.unions import union_pass, union_scratch
-from moesim.sim.cost.pass_features import batch_pass_windows, cached_group_features
+from moesim.sim.cost.pass_features import batch_pass_windows, batch_union_features
 from moesim.sim.cost.steptime import PassCost, StepTimeModel
 from moesim.tracegen.formats.trace import Trace
 
@@ -58,12 +58,12 @@ def union_pass_cost(
     """Pass costs of `batch` sequences of n tokens each, each at `context_tokens`, over the trace's batch
     windows (one per window, `moesim.sim.cost.pass_features`), their mean distinct experts per layer,
     and where the lanes came from; expert parallel, each layer at its slowest rank."""
-    windows, lanes = batch_pass_windows(trace, batch, n, max_batches)
     context = float(batch * context_tokens)
     if model.parallel.ranks > 1:
+        windows, lanes = batch_pass_windows(trace, batch, n, max_batches)
         cost, distinct = ranked_costs(model, trace, windows, context, float(batch))
         return cost, distinct, lanes.describe()
-    features = cached_group_features(trace, *windows)
+    features, _, lanes = batch_union_features(trace, batch, n, max_batches)
     cost = model.pass_cost(features, context, float(batch))
     return cost, features.distinct_experts, lanes.describe()
 

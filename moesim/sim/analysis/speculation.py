@@ -410,6 +410,9 @@ class Speedups:
     steps: list[tuple[float, int]]
     verify_tokens: tuple[int, ...]  # per k when the drafter verifies a tree
     warnings: list[str]
+    spec_draft: np.ndarray | None = None  # with `verdict`: per point, the best speculative k (>= 1)
+    shares: dict[str, np.ndarray] | None = None  # with `verdict`: C(k) − 1 by term (`SpecCosts.shares`)
+    parts: dict[str, list[np.ndarray]] | None = None  # with `verdict`: C(k) at the ends of each uncertain part (`SpecCosts.one_at_a_time`)
 
 
 def speedups(
@@ -420,8 +423,10 @@ def speedups(
     runs: list[str],
     max_draft: int | None,
     batch: int,
+    verdict: bool = False,
 ) -> Speedups:
-    """k*(α) = argmax_k τ(k) / C(k) for k = 0..max_draft per acceptance point, over the error box too.
+    """k*(α) = argmax_k τ(k) / C(k) for k = 0..max_draft per acceptance point, over the error box too;
+    `verdict` adds the best speculative k (>= 1) and C(k)'s parts for the verdicts.
     `max_draft` None: DEFAULT_MAX_DRAFT, or the depth of a static tree (paths) when shallower."""
     tree = scenario.drafter.tree
     depth = tree.max_depth
@@ -450,6 +455,8 @@ def speedups(
     k_corners = np.stack([best_in_table(t)[0] for t in tables[1:]])
     break_even, steps = break_even_and_staircase(tree, nominal)
     sizes, first = np.unique(costs.widths, return_index=True)  # one extrapolation factor per distinct verify width
+    if verdict and tables[0].shape[1] < 2:
+        raise InputError("a verdict needs a draft length >= 1 (--max-draft)")
     return Speedups(
         points=points,
         alpha=np.array([p.rates[0] for p in points], np.float64),
@@ -467,6 +474,9 @@ def speedups(
         steps=steps,
         verify_tokens=() if tree.is_chain else tuple(int(w) for w in costs.widths),
         warnings=extrapolation_warnings("verify pass", "n", np.asarray(costs.verify.extrapolation)[first], sizes),
+        spec_draft=best_in_table(tables[0][:, 1:])[0] + 1 if verdict else None,
+        shares=costs.shares() if verdict else None,
+        parts=costs.one_at_a_time() if verdict else None,
     )
 
 

@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from moesim.errors import InputError
-from moesim.sim.analysis.speculation import Speedups, best_in_table
+from moesim.sim.analysis.speculation import Speedups
 from moesim.sim.cost.tree import TreeSpec, break_even_alpha_tree
 
 # How to pin down each uncertain part of C(k): what to measure and the function that fits it.
@@ -41,20 +40,10 @@ class Verdict:
     break_even_tokens: float
     break_even_alpha: float | None
     shares: dict[str, float]
+    decided_by: str  # the largest term of C(k) − 1
+    verdict: str  # `verdict_of` the interval
     uncertain_by: str = ""  # where the interval straddles 1: the uncertain part that alone moves the speedup most
     calibrate: str = ""  # what would pin that part down
-
-    @property
-    def decided_by(self) -> str:
-        """The largest term of C(k) − 1."""
-        return max(self.shares, key=self.shares.__getitem__)
-
-    @property
-    def verdict(self) -> str:
-        """'pays' when even the interval's low end is above 1, 'loses' when its high end is below 1."""
-        if self.speedup_low > 1.0:
-            return "pays"
-        return "loses" if self.speedup_high < 1.0 else "uncertain"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -75,35 +64,39 @@ class Verdict:
         }
 
 
+def verdict_of(speedup_low: float, speedup_high: float) -> str:
+    """'pays' when even the interval's low end is above 1, 'loses' when its high end is below 1, else 'uncertain'."""
+    if speedup_low > 1.0:
+        return "pays"
+    return "loses" if speedup_high < 1.0 else "uncertain"
+
+
 def verdicts(speedups: Speedups, tree: TreeSpec) -> list[Verdict]:
-    """The verdict per point from the nominal speedup table (tables[0]) and the corners' (tables[1:])."""
-    tables, taus, costs = speedups.tables, speedups.taus, speedups.costs
-    nominal = tables[0]
-    if nominal.shape[1] < 2:
-        raise InputError("a verdict needs a draft length >= 1 (--max-draft)")
-    k_spec = best_in_table(nominal[:, 1:])[0] + 1
-    c = speedups.relative_cost
-    shares = costs.shares()
-    parts = costs.one_at_a_time()
+    """The verdict per point at its best speculative k, from the nominal speedup table (tables[0]) and the corners' (tables[1:])."""
+    tables, taus, costs, c = speedups.tables, speedups.taus, speedups.costs, speedups.relative_cost
+    nominal, shares, parts = tables[0], speedups.shares, speedups.parts  # asked with `verdict`
     out = []
-    for i, (point, k) in enumerate(zip(speedups.points, k_spec, strict=True)):
+    for i, (point, k) in enumerate(zip(speedups.points, speedups.spec_draft, strict=True)):
         at = [t[i, k] for t in tables]  # the nominal point with the corners
         alpha = break_even_alpha_tree(tree, int(k), float(c[k]))
         deciding = _deciding_part(parts, float(taus[i, k]), int(k))
+        terms = {name: float(v[k]) for name, v in shares.items()}
         out.append(
             Verdict(
-                point.label,
-                int(k),
-                int(costs.widths[k]),
-                float(taus[i, k]),
-                float(nominal[i, k]),
-                float(min(at)),
-                float(max(at)),
-                float(c[k]),
-                None if np.isnan(alpha) else alpha,
-                {name: float(v[k]) for name, v in shares.items()},
-                deciding,
-                CALIBRATE["engine" if deciding.startswith("engine") else deciding],
+                acceptance=point.label,
+                draft_len=int(k),
+                verify_tokens=int(costs.widths[k]),
+                tokens_per_pass=float(taus[i, k]),
+                speedup=float(nominal[i, k]),
+                speedup_low=float(min(at)),
+                speedup_high=float(max(at)),
+                break_even_tokens=float(c[k]),
+                break_even_alpha=None if np.isnan(alpha) else alpha,
+                shares=terms,
+                decided_by=max(terms, key=terms.__getitem__),
+                verdict=verdict_of(float(min(at)), float(max(at))),
+                uncertain_by=deciding,
+                calibrate=CALIBRATE["engine" if deciding.startswith("engine") else deciding],
             )
         )
     return out

@@ -98,7 +98,7 @@ def test_target_engine_defaults_to_the_engines_dispatch_on_an_engine_profile(pro
     config = config_from_dict(data, "test", Path("."))
     assert config.target.engine is engine
     cost = build_cost(config, load_trace(config, "olmoe-1b-7b"))
-    assert cost.model.engine == expected  # type: ignore[attr-defined]
+    assert cost.model.family == expected  # type: ignore[attr-defined]
 
 
 def test_dispatch_engine_on_a_profile_without_dispatch_names_the_key() -> None:

@@ -177,7 +177,7 @@ def best_draft_command(
         return
     render_table(
         result.table(),
-        title=f"Best draft length, family {scenario.model.engine}, drafter {drafter}, {_where(scenario, profile)}",
+        title=f"Best draft length, family {scenario.model.family}, drafter {drafter}, {_where(scenario, profile)}",
         caption="best_draft_range: the best k over the corners of the error box (ambiguous when it spans several)",
     )
     steps = ", ".join(f"k={k} from α={a:.3f}" for a, k in result.steps)
@@ -260,6 +260,6 @@ def batch_command(
     render_table(
         result.table(),
         title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), "
-        f"family {scenario.model.engine}, {_where(scenario, profile)}",
+        f"family {scenario.model.family}, {_where(scenario, profile)}",
         caption="target_efficiency = T(B,1)/T(B,v) (MoESD); speedup = τ(k,α)·T(B,1)/(T_draft + T(B,k+1))",
     )

@@ -24,7 +24,7 @@ from moesim.sim.analysis.scenario import (
     uniform_twin,
     window_distributions,
 )
-from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_engine
+from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_family
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -167,7 +167,7 @@ def crossover_analysis(
         raise InputError(
             f"profile '{profile.name}' has no dedup family '{dedup_family}' (dedup families: {', '.join(profile.dedup_families)})"
         )
-    check_engine(profile, "per_slot")
+    check_family(profile, "per_slot")
     n = pass_sizes(max_pass, sizes)
     g = scenario.trace.meta.geometry
     twin = uniform_twin(scenario.trace, scenario.model.preset, batch=batch)

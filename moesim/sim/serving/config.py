@@ -35,7 +35,7 @@ from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spe
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
 from moesim.sim.cost.parallel import ALL_REDUCES, Parallelism, parallelism_on
-from moesim.sim.cost.steptime import default_engine
+from moesim.sim.cost.steptime import default_family
 from moesim.sim.cost.tree import TreeSpec, parse_tree
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
 from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tree
@@ -361,7 +361,7 @@ def _check_profile(profile_name: str, engine: str | None, key: str, source: str)
     except MoesimError as exc:
         raise ConfigError(f"{source}: key '{key}': {exc}") from None
     try:
-        default_engine(profile, engine)
+        default_family(profile, engine)
     except MoesimError as exc:
         raise ConfigError(f"{source}: key 'target.engine': {exc}") from None
 

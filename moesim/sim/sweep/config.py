@@ -29,7 +29,7 @@ from moesim.kernels.windows import MAX_PASS_LIMIT
 from moesim.machine import check_fits
 from moesim.models import ModelPreset, check_weight_format, load_preset
 from moesim.sim.cost.drafters import drafter_tree, make_drafter
-from moesim.sim.cost.steptime import check_engine
+from moesim.sim.cost.steptime import check_family
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
 from moesim.tomlfile import read_toml
@@ -240,7 +240,7 @@ def _check_names(config: SweepConfig) -> None:
     for profile in config.profiles.values():
         for family in config.grid.families:
             try:
-                check_engine(profile, family)
+                check_family(profile, family)
             except MoesimError as exc:
                 raise ConfigError(f"{config.key('grid.families')}: {exc}") from None
 

@@ -71,7 +71,7 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
     try:
         preset = load_preset(name or "")
         profile = load_profile(target.profile or "")
-        step_time = StepTimeModel(preset, profile, default_family(profile, target.engine), target.weight_format or "", parallel=parallel)
+        step_time = StepTimeModel(preset, profile, default_family(profile, target.family), target.weight_format or "", parallel=parallel)
         drafter = make_drafter(config.drafter.spec(), preset, target.weight_format or None)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None

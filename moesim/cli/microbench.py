@@ -32,25 +32,66 @@ def _report_table(path: Path, rows: list[dict[str, Any]], provenance: dict[str, 
         say(f"warning: time budget used up before n = {provenance['stopped_early']['before_n_tokens']}")
 
 
+PlanOpt = Annotated[
+    Path | None,
+    typer.Option("--plan", help="A measurement plan (plan.toml of predict --out or validate --out): measure exactly its passes."),
+]
+
+
 @app.command("torch")
 @config_options(TorchBenchConfig)
 def microbench_torch(
-    out: OutOpt,
+    out: Annotated[Path | None, typer.Option(help="Output folder (measurements.parquet, provenance.json)."), OUT_DIR] = None,
     model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is measured (repeatable).")] = None,
+    plan: PlanOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the rows the run would measure and stop (no device needed).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the rows as one JSON object.")] = False,
     force: ForceOpt = False,
     **options: Any,
 ) -> None:
     """Time per-slot and deduplicating expert kernels through torch (CUDA graphs) and write a table."""
+    from moesim.errors import InputError
+    from moesim.hw_profiles.microbench.plan import read_plan
     from moesim.hw_profiles.microbench.table import write_measurements
-    from moesim.hw_profiles.microbench.torch_cuda import DEFAULT_MODELS, run_torch_microbench, torch_shapes
+    from moesim.hw_profiles.microbench.torch_cuda import (
+        DEFAULT_MODELS,
+        run_torch_microbench,
+        torch_grid_rows,
+        torch_plan_rows,
+        torch_shapes,
+    )
 
     config = TorchBenchConfig(**from_options(TorchBenchConfig, options))
     config.validate()
-    shapes = torch_shapes(model or list(DEFAULT_MODELS), config.dtype)
+    planned = read_plan(plan) if plan is not None else None
+    if planned is not None and model:
+        raise InputError("--plan excludes --model (the plan names the shapes it measures)")
+    if dry_run:
+        listed = torch_plan_rows(config, planned) if planned is not None else torch_grid_rows(config, model or list(DEFAULT_MODELS))
+        _dry_run(listed, as_json)
+        return
+    if out is None:
+        raise InputError("--out is required (the folder the measurement table is written into), unless --dry-run")
+    shapes = torch_shapes(model or list(DEFAULT_MODELS), config.dtype) if planned is None else []
     check_out_dir(out, force)
-    result = run_torch_microbench(config, shapes, progress=say)
+    result = run_torch_microbench(config, shapes, progress=say, plan=planned)
     path = write_measurements(result.rows, out, result.provenance, result.device, force)
     _report_table(path, result.rows, result.provenance)
+
+
+def _dry_run(listed: tuple[list[dict[str, Any]], list[str]], as_json: bool) -> None:
+    """The rows a run would measure: a table (or one JSON object) and the plan's notes."""
+    import polars as pl
+
+    from moesim.cli.render import print_json
+
+    rows, notes = listed
+    if as_json:
+        print_json({"rows": rows, "notes": notes})
+        return
+    render_table(pl.DataFrame(rows), title=f"Dry run: {len(rows)} rows would be measured")
+    for note in notes:
+        say(f"note: {note}")
 
 
 @app.command("llama-cpp")

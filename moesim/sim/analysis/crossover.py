@@ -123,7 +123,7 @@ def _expert_times(
     sizes: np.ndarray,  # type: ignore[type-arg]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One family's expert time per pass size on the scenario's devices (expert parallel: at the slowest rank)."""
-    model = dataclasses.replace(scenario.model, engine=family)
+    model = dataclasses.replace(scenario.model, family=family)
     if model.parallel.ranks > 1:
         cost = expected_costs(scenario, sizes, model, trace)
     else:
@@ -150,7 +150,7 @@ def _batched_times(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One family's expert time per pass size for passes of `batch` requests of n tokens each (the
     trace's batch windows, `batch.union_pass_cost`), and their mean distinct experts per layer."""
-    batched = dataclasses.replace(scenario, model=dataclasses.replace(scenario.model, engine=family))
+    batched = dataclasses.replace(scenario, model=dataclasses.replace(scenario.model, family=family))
     passes = [union_pass_cost(batched, trace, batch, int(n), SAMPLED_WINDOWS) for n in sizes]
     cost = mean_costs([c for c, _, _ in passes])
     return cost.expert_us, cost.expert_epsilon, cost.extrapolation, np.array([float(np.mean(d)) for _, d, _ in passes])

@@ -171,3 +171,30 @@ def test_a_bad_plan_is_one_line_naming_the_file_and_key(cli, tmp_path: Path, old
     bad.write_text(text.replace(old, new))
     code, _, err = cli("microbench", "torch", "--plan", bad, "--dry-run")
     assert_one_line_error(code, err, str(bad), key)
+
+
+def test_an_mlx_plan_measures_exactly_the_rows_its_dry_run_lists(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`microbench mlx --plan` on this machine's CPU (real mlx_lm): each planned pass through the
+    row order of its family at the plan's U and M; the table's rows are the dry run's."""
+    pytest.importorskip("mlx_lm")
+    shape = {"model": "tiny", "hidden": 64, "expert_intermediate": 64, "experts": 8, "top_k": 2, "weight_format": "F32"}
+    passes = [
+        {**shape, "family": "per_slot", "n_tokens": 3, "distinct_experts": 4, "max_tokens_per_expert": 3, "time_share": 0.4},
+        {**shape, "family": "dedup_gather_sorted", "n_tokens": 5, "distinct_experts": 7, "max_tokens_per_expert": 2},
+    ]
+    body = "".join("\n[[passes]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in p.items()) for p in passes)
+    plan = tmp_path / "plan.toml"
+    plan.write_text('format = "moesim-measurement-plan"\nversion = 1\n' + body)
+    args = ("microbench", "mlx", "--plan", plan, "--reps", "2", "--warmup", "0", "--layers", "1", "--no-dense-twins")
+    code, out, err = cli(*args, "--dry-run", "--json")
+    assert code == 0, err
+    listed = json.loads(out)["rows"]
+    code, _, err = cli(*args, "--out", tmp_path / "m")
+    assert code == 0, err
+    table = pl.read_parquet(tmp_path / "m" / "measurements.parquet")
+    key = ("kernel", "n_tokens", "distinct_experts", "max_tokens_per_expert")
+    assert [tuple(r[k] for k in key) for r in table.iter_rows(named=True)] == [tuple(r[k] for k in key) for r in listed]
+    assert [tuple(r[k] for k in key) for r in listed] == [("per_slot", 3, 4, 3), ("dedup_gather_sorted", 5, 7, 2)]
+    assert set(table["routing"]) == {"planned"} and table["plan_rung"].to_list() == ["fitted", "fitted"]
+    code, _, err = cli("microbench", "mlx", "--plan", plan, "--model", "olmoe-1b-7b", "--out", tmp_path / "x")
+    assert_one_line_error(code, err, "--plan excludes --model")

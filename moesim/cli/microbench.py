@@ -124,7 +124,7 @@ def microbench_llama_cpp(
 @app.command("mlx")
 @config_options(MlxBenchConfig)
 def microbench_mlx(
-    out: OutOpt,
+    out: Annotated[Path | None, typer.Option(help="Output folder (measurements.parquet, provenance.json)."), OUT_DIR] = None,
     model: Annotated[
         list[str] | None, typer.Option(help="Model preset whose expert shape is measured (repeatable; default: two small shapes).")
     ] = None,
@@ -132,11 +132,16 @@ def microbench_mlx(
     top_k: Annotated[int | None, typer.Option(help="Override the shapes' top-k.")] = None,
     hidden: Annotated[int | None, typer.Option(help="Override the shapes' hidden size.")] = None,
     expert_intermediate: Annotated[int | None, typer.Option(help="Override the shapes' expert width.")] = None,
+    plan: PlanOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --plan: list the rows the run would measure and stop.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the rows as one JSON object.")] = False,
     force: ForceOpt = False,
     **options: Any,
 ) -> None:
     """Time one MoE layer's expert operation through mlx_lm's SwitchGLU (gather_mm / gather_qmm, rows sorted or not) and write a table."""
-    from moesim.hw_profiles.microbench.mlx_switch import mlx_shapes, run_mlx_microbench
+    from moesim.errors import InputError
+    from moesim.hw_profiles.microbench.mlx_switch import mlx_plan_rows, mlx_shapes, run_mlx_microbench
+    from moesim.hw_profiles.microbench.plan import read_plan
     from moesim.hw_profiles.microbench.table import write_measurements
     from moesim.tracegen.mlx.runtime import import_mlx
 
@@ -144,9 +149,19 @@ def microbench_mlx(
     config = MlxBenchConfig(**from_options(MlxBenchConfig, options))
     config.validate()
     overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
-    shapes = mlx_shapes(model, overrides)
+    planned = read_plan(plan) if plan is not None else None
+    if planned is not None and (model or any(v is not None for v in overrides.values())):
+        raise InputError("--plan excludes --model and the shape overrides (the plan names the shapes it measures)")
+    if dry_run:
+        if planned is None:
+            raise InputError("--dry-run lists a plan's rows: give --plan")
+        _dry_run(mlx_plan_rows(config, planned), as_json)
+        return
+    if out is None:
+        raise InputError("--out is required (the folder the measurement table is written into), unless --dry-run")
+    shapes = mlx_shapes(model, overrides) if planned is None else []
     check_out_dir(out, force)
-    result = run_mlx_microbench(config, shapes, progress=say)
+    result = run_mlx_microbench(config, shapes, progress=say, plan=planned)
     path = write_measurements(result.rows, out, result.provenance, force=force)
     _report_table(path, result.rows, result.provenance)
 

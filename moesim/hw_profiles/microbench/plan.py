@@ -118,6 +118,17 @@ def merged_passes(passes: Sequence[PlannedPass]) -> list[PlannedPass]:
     ]
 
 
+def plan_shapes(plan: Plan) -> list[MoeShape]:
+    """The expert shapes of a plan's passes, first-seen order (each in its first pass's weight
+    format); one name is one shape (one line otherwise)."""
+    shapes: dict[str, MoeShape] = {}
+    for p in plan.passes:
+        kept = shapes.setdefault(p.model, p.shape)
+        if dataclasses.replace(kept, weight_format=p.shape.weight_format) != p.shape:
+            raise InputError(f"plan: model '{p.model}' has two expert shapes ({kept} and {p.shape})")
+    return list(shapes.values())
+
+
 def planned_rows(plan: Plan, engines: Mapping[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows a runner measures for a plan, given its engines (name -> family): every pass with
     each engine of its family, in the plan's order; and a note per family no engine measures."""

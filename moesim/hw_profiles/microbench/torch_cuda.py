@@ -41,7 +41,7 @@ import numpy as np
 
 from moesim.errors import ConfigError, InputError, first_line
 from moesim.fields import option
-from moesim.hw_profiles.microbench.plan import Plan, PlannedPass, planned_rows
+from moesim.hw_profiles.microbench.plan import Plan, PlannedPass, plan_shapes, planned_rows
 from moesim.hw_profiles.microbench.routing import (
     PLANNED,
     ROUTINGS,
@@ -532,15 +532,6 @@ def run_torch_microbench(
             say(f"n = {n_tokens}: {shape.model} done ({time.monotonic() - started:.0f} s)")
     result.provenance["elapsed_s"] = round(time.monotonic() - started, 1)
     return result
-
-
-def plan_shapes(plan: Plan) -> list[MoeShape]:
-    """The expert shapes of a plan's passes, first-seen order; one name is one shape."""
-    shapes: dict[str, MoeShape] = {}
-    for p in plan.passes:
-        if shapes.setdefault(p.model, p.shape) != p.shape:
-            raise InputError(f"plan: model '{p.model}' has two expert shapes ({shapes[p.model]} and {p.shape})")
-    return list(shapes.values())
 
 
 def with_plan(config: TorchBenchConfig, plan: Plan) -> TorchBenchConfig:

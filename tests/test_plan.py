@@ -198,3 +198,31 @@ def test_an_mlx_plan_measures_exactly_the_rows_its_dry_run_lists(cli, tmp_path: 
     assert set(table["routing"]) == {"planned"} and table["plan_rung"].to_list() == ["fitted", "fitted"]
     code, _, err = cli("microbench", "mlx", "--plan", plan, "--model", "olmoe-1b-7b", "--out", tmp_path / "x")
     assert_one_line_error(code, err, "--plan excludes --model")
+
+
+def test_a_llama_cpp_plan_measures_the_passes_llama_cpp_runs_in_their_family(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`microbench llama-cpp --plan` on this machine's CPU (real llama.cpp): the passes whose family
+    llama.cpp's CPU dispatch runs (dedup_llamacpp_cpu at every n) are designed at the plan's U and M
+    and measured, the table's rows are the dry run's; a per_slot pass is a note, not a row."""
+    shape = {"model": "tiny", "hidden": 128, "expert_intermediate": 256, "experts": 8, "top_k": 2, "weight_format": "F32"}
+    passes = [
+        {**shape, "family": "dedup_llamacpp_cpu", "n_tokens": 4, "distinct_experts": 5, "max_tokens_per_expert": 2},
+        {**shape, "family": "per_slot", "n_tokens": 3, "distinct_experts": 4, "max_tokens_per_expert": 2},
+        {**shape, "family": "dedup_llamacpp_cpu", "n_tokens": 1, "distinct_experts": 2, "max_tokens_per_expert": 1},
+    ]
+    body = "".join("\n[[passes]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in p.items()) for p in passes)
+    plan = tmp_path / "plan.toml"
+    plan.write_text('format = "moesim-measurement-plan"\nversion = 1\n' + body)
+    args = ["microbench", "llama-cpp", "--plan", plan, "--layers", "1", "--heads", "4", "--reps", "3", "--warmup", "1"]
+    args += ["--threads", "1", "--prefix", "4", "--no-subtract-attention"]
+    code, out, err = cli(*args, "--dry-run", "--json")
+    assert code == 0, err
+    listed = json.loads(out)
+    key = ("kernel", "n_tokens", "distinct_experts", "max_tokens_per_expert")
+    assert [tuple(r[k] for k in key) for r in listed["rows"]] == [("dedup_llamacpp_cpu", 4, 5, 2), ("dedup_llamacpp_cpu", 1, 2, 1)]
+    assert len(listed["notes"]) == 1 and "per_slot" in listed["notes"][0]
+    code, _, err = cli(*args, "--out", tmp_path / "m")
+    assert code == 0, err
+    table = pl.read_parquet(tmp_path / "m" / "measurements.parquet")
+    assert sorted(tuple(r[k] for k in key) for r in table.iter_rows(named=True)) == sorted(tuple(r[k] for k in key) for r in listed["rows"])
+    assert set(table["routing"]) == {"planned"} and set(table["model"]) == {"tiny"}

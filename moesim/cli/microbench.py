@@ -3,6 +3,7 @@ llama.cpp's own `test-backend-ops` output."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -97,7 +98,7 @@ def _dry_run(listed: tuple[list[dict[str, Any]], list[str]], as_json: bool) -> N
 @app.command("llama-cpp")
 @config_options(LlamaBenchConfig)
 def microbench_llama_cpp(
-    out: OutOpt,
+    out: Annotated[Path | None, typer.Option(help="Output folder (measurements.parquet, provenance.json)."), OUT_DIR] = None,
     model: Annotated[list[str] | None, typer.Option(help="Model preset whose expert shape is built (repeatable).")] = None,
     weight_format: Annotated[str, typer.Option("--format", help="Weight format of the built models: F16 or F32.")] = "F16",
     experts: Annotated[int | None, typer.Option(help="Override the preset's routed experts.")] = None,
@@ -105,18 +106,38 @@ def microbench_llama_cpp(
     hidden: Annotated[int | None, typer.Option(help="Override the preset's hidden size.")] = None,
     expert_intermediate: Annotated[int | None, typer.Option(help="Override the preset's expert width.")] = None,
     models_dir: Annotated[Path | None, typer.Option(help="Keep the built GGUF models here (default: a temporary folder)."), OUT_DIR] = None,
+    plan: PlanOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --plan: list the rows the run would measure and stop.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the rows as one JSON object.")] = False,
     force: ForceOpt = False,
     **options: Any,
 ) -> None:
     """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
-    from moesim.hw_profiles.microbench.llama_cpp import preset_shapes, run_llamacpp_shapes
+    from moesim.errors import InputError
+    from moesim.hw_profiles.microbench.llama_cpp import llamacpp_plan_configs, llamacpp_plan_rows, preset_shapes, run_llamacpp_configs
+    from moesim.hw_profiles.microbench.plan import read_plan
     from moesim.hw_profiles.microbench.table import write_measurements
 
     overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
-    shapes = preset_shapes(model, weight_format, overrides)
     config = LlamaBenchConfig(**from_options(LlamaBenchConfig, options))
+    planned = read_plan(plan) if plan is not None else None
+    if planned is not None and (model or any(v is not None for v in overrides.values())):
+        raise InputError("--plan excludes --model and the shape overrides (the plan names the shapes it measures)")
+    if dry_run:
+        if planned is None:
+            raise InputError("--dry-run lists a plan's rows: give --plan")
+        _dry_run(llamacpp_plan_rows(config, planned), as_json)
+        return
+    if out is None:
+        raise InputError("--out is required (the folder the measurement table is written into), unless --dry-run")
+    if planned is None:
+        configs = [dataclasses.replace(config, shape=shape) for shape in preset_shapes(model, weight_format, overrides)]
+    else:
+        configs = llamacpp_plan_configs(config, planned)
+        if not configs:
+            raise InputError(f"{plan}: llama.cpp runs none of the plan's passes in its family (microbench llama-cpp --plan --dry-run)")
     check_out_dir(out, force)
-    result = run_llamacpp_shapes(config, shapes, models_dir, progress=say)
+    result = run_llamacpp_configs(configs, models_dir, progress=say)
     path = write_measurements(result.rows, out, result.provenance, force=force)
     _report_table(path, result.rows, result.provenance)
 

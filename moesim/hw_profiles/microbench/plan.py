@@ -11,7 +11,7 @@ with the runner's engines of the pass's family; `--dry-run` lists them without a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 from moesim.atomic import output_dir, write_text_atomic
 from moesim.errors import InputError
 from moesim.fields import Checked, build, checked, require
-from moesim.hw_profiles.microbench.routing import MAX_PASS_SIZE, planned_problem
+from moesim.hw_profiles.microbench.routing import MAX_PASS_SIZE, format_pass_sizes, planned_problem
 from moesim.hw_profiles.microbench.table import MoeShape
 from moesim.tomlfile import read_toml, toml_section
 
@@ -129,19 +129,34 @@ def plan_shapes(plan: Plan) -> list[MoeShape]:
     return list(shapes.values())
 
 
-def planned_rows(plan: Plan, engines: Mapping[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows a runner measures for a plan, given its engines (name -> family): every pass with
-    each engine of its family, in the plan's order; and a note per family no engine measures."""
+# A runner's engines: name -> the family it runs, or a function of the pass giving them (llama.cpp's family depends on n).
+Engines = Mapping[str, str] | Callable[[PlannedPass], Mapping[str, str]]
+
+
+def planned_rows(plan: Plan, engines: Engines) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows a runner measures for a plan, given its engines (name -> the family it runs; or,
+    for a runner whose family depends on the pass, a function of the pass giving them): every pass
+    with each engine of its family, in the plan's order; and a note per family no engine measures."""
     rows, missing = [], {}
     for p in plan.passes:
-        chosen = [name for name, family in engines.items() if family == p.family]
+        offered = engines(p) if callable(engines) else engines
+        chosen = [name for name, family in offered.items() if family == p.family]
         if not chosen:
-            missing[p.family] = missing.get(p.family, 0) + 1
+            missing.setdefault(p.family, []).append(p.n_tokens)
         for engine in chosen:
             rows.append({"engine": engine, "kernel": p.family, "model": p.model, "hidden": p.hidden,
                          "expert_intermediate": p.expert_intermediate, "experts": p.experts, "top_k": p.top_k,
                          "dtype": p.weight_format.lower(), "n_tokens": p.n_tokens, "distinct_experts": p.distinct_experts,
                          "max_tokens_per_expert": p.max_tokens_per_expert, "rung": p.rung, "time_share": p.time_share})  # fmt: skip
-    notes = [f"{count} planned pass(es) of family {family}: no engine of this runner measures it (engines: {', '.join(engines)})"
-             for family, count in missing.items()]  # fmt: skip
+    notes = [f"{len(sizes)} planned pass(es) of family {family} (n = {format_pass_sizes(tuple(sizes))}): no engine of this runner "
+             "measures it there" for family, sizes in missing.items()]  # fmt: skip
     return rows, notes
+
+
+def measured_passes(plan: Plan, engines: Engines) -> Plan:
+    """The plan with only the passes some engine of the runner measures."""
+
+    def kept(p: PlannedPass) -> bool:
+        return p.family in (engines(p) if callable(engines) else engines).values()
+
+    return dataclasses.replace(plan, passes=tuple(p for p in plan.passes if kept(p)))

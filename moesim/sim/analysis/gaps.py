@@ -9,6 +9,8 @@ torch --plan` measures exactly these passes (`moesim.hw_profiles.microbench.plan
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import polars as pl
 
@@ -43,6 +45,9 @@ def window_gaps(
     share; and the share of Σ T over the pass sizes resting on them."""
     check_plannable(model)
     shape, preset = model.expert_shape, model.preset
+    name = preset.name  # a tensor-parallel device's share of each expert is a shape of its own
+    if shape.intermediate != preset.expert_intermediate:
+        name = f"{preset.name}[expert_intermediate={shape.intermediate}]"
     total = np.asarray(cost.total_us(), np.float64)
     gaps, resting_us = [], 0.0
     for i, (features, probability) in enumerate(distributions):
@@ -56,9 +61,6 @@ def window_gaps(
         n_tokens = np.broadcast_to(features.n_tokens, weighted.shape)
         gap = (look.rung >= FITTED) & (probability > 0)
         resting_us += float(weighted[gap].sum()) / layer_us * pass_share * float(total[i])
-        name = preset.name  # a tensor-parallel device's share of each expert is a shape of its own
-        if shape.intermediate != preset.expert_intermediate:
-            name = f"{preset.name}[expert_intermediate={shape.intermediate}]"
         described = {"model": name, "hidden": shape.hidden, "expert_intermediate": shape.intermediate, "experts": preset.experts,
                      "top_k": preset.top_k, "weight_format": shape.weight_format, "family": family.name}  # fmt: skip
         for j in np.flatnonzero(gap):
@@ -76,7 +78,7 @@ def _summed(gaps: list[PlannedPass]) -> list[PlannedPass]:
         key = (g.family, g.n_tokens, g.distinct_experts, g.max_tokens_per_expert)
         shares[key] = shares.get(key, 0.0) + g.time_share
     return [
-        PlannedPass(**{**g.__dict__, "time_share": min(1.0, shares[(g.family, g.n_tokens, g.distinct_experts, g.max_tokens_per_expert)])})
+        dataclasses.replace(g, time_share=min(1.0, shares[(g.family, g.n_tokens, g.distinct_experts, g.max_tokens_per_expert)]))
         for g in merged_passes(gaps)
     ]
 

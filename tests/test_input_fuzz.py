@@ -48,7 +48,7 @@ from moesim.errors import MoesimError
 from moesim.models import load_preset
 from moesim.sim.serving.config import load_config as load_simulation
 
-# cases per kind through the boundary in-process (11,000 in all), through the CLI in-process, in subprocesses
+# cases per kind through the boundary in-process (11,400 in all), through the CLI in-process, in subprocesses
 QUOTA = {
     "preset": 1800,
     "hf-config": 1800,
@@ -59,6 +59,7 @@ QUOTA = {
     "measurements": 400,
     "simulation": 1400,
     "sweep": 1000,
+    "plan": 400,
 }
 CLI_QUOTA, SUBPROCESS_QUOTA = 8, 1
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))

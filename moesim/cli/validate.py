@@ -22,7 +22,13 @@ def validate_command(
     family: Annotated[str | None, typer.Option("--family", help="Kernel family of the speculative runs (default: the only one).")] = None,
     context_tokens: Annotated[int, typer.Option("--context-tokens", help="KV tokens of whole-pass rows that carry no position.")] = 512,
     filters: Annotated[list[str] | None, typer.Option("--filter", help="COL=VALUE: keep matching rows only (repeatable).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Folder to write predictions.parquet into."), OUT_DIR] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Folder to write predictions.parquet and plan.toml (the rows priced from fitted or extrapolated rungs) into."
+        ),
+        OUT_DIR,
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -61,7 +67,9 @@ def validate_command(
         for curve in result.speculative:
             console.print(f"best draft length: measured {curve['best_draft_measured']}, predicted {curve['best_draft_predicted']}")
     if path is not None:
-        console.print(f"wrote {path}")
+        plan = result.plan()
+        share = f"{100 * plan.answer_share:.1f} % of the predicted time rests on them"
+        console.print(f"wrote {path} and {path.parent / 'plan.toml'} ({len(plan.passes)} passes to measure, {share})", soft_wrap=True)
 
 
 def _bench_outputs(measured: list[Path]) -> bool:

@@ -21,7 +21,7 @@ from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
-from moesim.sim.cost.steptime import StepTimeModel, default_engine
+from moesim.sim.cost.steptime import StepTimeModel, default_family
 from moesim.sim.cost.trace_batch import DenseBatchCost, TraceBatchCost
 from moesim.sim.cost.tree import truncated_widths
 from moesim.sim.serving.acceptance import AcceptanceModel, Tree
@@ -71,7 +71,7 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
     try:
         preset = load_preset(name or "")
         profile = load_profile(target.profile or "")
-        step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "", parallel=parallel)
+        step_time = StepTimeModel(preset, profile, default_family(profile, target.family), target.weight_format or "", parallel=parallel)
         drafter = make_drafter(config.drafter.spec(), preset, target.weight_format or None)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None

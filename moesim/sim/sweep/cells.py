@@ -66,7 +66,7 @@ class Cell:
 def cell_config(config: SweepConfig, cell: Cell, policy: dict) -> SimConfig:
     """The simulation config of one cell (its trace section only names the routing: the unit's trace is passed as is)."""
     sim = config.simulate
-    target = {"model": cell.model, "profile": cell.profile, "engine": cell.engine, "weight_format": cell.weight_format}
+    target = {"model": cell.model, "profile": cell.profile, "family": cell.engine, "weight_format": cell.weight_format}
     return config_from_dict(
         {
             "run": {"seed": sim.seed, "requests": sim.requests},

@@ -23,13 +23,13 @@ import numpy as np
 
 from moesim import __version__
 from moesim.errors import ConfigError, MoesimError
-from moesim.fields import Checked, FieldError, build, checked, require
+from moesim.fields import Checked, FieldError, build, checked, renamed_keys, require
 from moesim.hw_profiles import HardwareProfile, load_profile
 from moesim.kernels.windows import MAX_PASS_LIMIT
 from moesim.machine import check_fits
 from moesim.models import ModelPreset, check_weight_format, load_preset
 from moesim.sim.cost.drafters import drafter_tree, make_drafter
-from moesim.sim.cost.steptime import check_engine
+from moesim.sim.cost.steptime import check_family
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
 from moesim.tomlfile import read_toml
@@ -240,7 +240,7 @@ def _check_names(config: SweepConfig) -> None:
     for profile in config.profiles.values():
         for family in config.grid.families:
             try:
-                check_engine(profile, family)
+                check_family(profile, family)
             except MoesimError as exc:
                 raise ConfigError(f"{config.key('grid.families')}: {exc}") from None
 
@@ -317,16 +317,7 @@ RENAMED_GRID_KEYS = {"engines": "families"}
 
 def renamed_grid_keys(table: Any, source: str) -> tuple[Any, tuple[str, ...]]:
     """The grid table with renamed keys in their new spelling, and a note for each old one used."""
-    if not isinstance(table, dict):
-        return table, ()
-    out, notes = dict(table), []
-    for old, new in RENAMED_GRID_KEYS.items():
-        if old in out:
-            if new in out:
-                raise ConfigError(f"{source}: key 'grid.{old}': give 'grid.{new}' only ('{old}' is its old name)")
-            out[new] = out.pop(old)
-            notes.append(f"{source}: grid.{old} is now grid.{new} (kernel families; the old key goes in the next release)")
-    return out, tuple(notes)
+    return renamed_keys(table, "grid", RENAMED_GRID_KEYS, "kernel families", source)
 
 
 def load_config(path: str | Path) -> SweepConfig:

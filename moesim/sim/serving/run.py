@@ -19,7 +19,6 @@ from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.fields import FieldError, dump
 from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
 from moesim.sim.cost.steptime import StepTimeModel, default_engine
 from moesim.sim.cost.trace_batch import DenseBatchCost, TraceBatchCost
@@ -72,7 +71,7 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
         preset = load_preset(name or "")
         profile = load_profile(target.profile or "")
         step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "", parallel=parallel)
-        drafter = make_drafter(config.drafter.spec(), preset, target.weight_format or None)
+        drafter = config.drafter.make(preset, target.weight_format or None)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None
     if preset.kind != "moe":

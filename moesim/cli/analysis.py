@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,6 +63,14 @@ def _scenario(
     return load_scenario(trace, profile, family, model, drafter, weight_format, context, devices)
 
 
+def _written(command: str, scenario: Any) -> Callable[[], dict[str, Any]]:
+    """The run's config (`moesim.cli.rerun`), the family, model and weight format it chose filled in."""
+    from moesim.cli.rerun import command_config
+
+    resolved = {"family": scenario.model.engine, "model": scenario.trace.meta.geometry.model, "weight_format": scenario.model.weight_format}
+    return lambda: command_config(command, resolved)
+
+
 def _where(scenario: Any, profile: str) -> str:
     """'profile P' and, over several devices, how the target is split."""
     parallel = scenario.model.parallel
@@ -118,7 +127,7 @@ def predict_command(
 
     scenario = _scenario(trace, profile, family, model, "ngram", weight_format, context_tokens, options)
     result = predict(scenario, max_pass, _sizes(sizes), batch)
-    if emit_json(result, as_json):
+    if emit_json(result, as_json, _written("predict", scenario)):
         return
     render_table(
         result.table(),
@@ -173,7 +182,7 @@ def best_draft_command(
     result = best_draft_analysis(
         scenario, alpha or [], max_draft, accept_lengths=accept_len, depth_rates=depth_rates, runs=accept_run, batch=batch, verdict=verdict
     )
-    if emit_json(result, as_json):
+    if emit_json(result, as_json, _written("best-draft", scenario)):
         return
     render_table(
         result.table(),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -84,29 +83,22 @@ def toml_document(doc: dict[str, Any], prefix: str = "") -> str:
 
 def run_header(command: str, files: Iterable[str | Path]) -> dict[str, Any]:
     """The `[moesim]` table of a written config: moesim's version, the command that wrote the
-    output, the working folder its relative paths start from, and the sha256 of every input file
-    (by absolute path)."""
-    paths = sorted({str(Path(p).resolve()) for p in files})
-    return {"version": __version__, "command": command, "folder": str(Path.cwd()), "files": {p: file_digest(Path(p)) for p in paths}}
+    output, and the sha256 of every input file (by its path as the run named it: a relative one
+    from the run's working folder, where a rerun runs)."""
+    paths = sorted({str(p) for p in files})
+    return {"version": __version__, "command": command, "files": {p: file_digest(Path(p)) for p in paths}}
 
 
 def check_run_header(header: Any, source: str, command: str) -> None:
-    """A written config's `[moesim]` table checked: it names `command`, its working folder is there
-    and every file it names still has its sha256 (else one line naming the file). A config another
-    version wrote reruns with this one."""
+    """A written config's `[moesim]` table checked: it names `command` and every file it names is
+    there (from this working folder) with the same sha256 (else one line naming the file). A config
+    another version wrote reruns with this one."""
     if not isinstance(header, dict) or not isinstance(header.get("files", {}), dict):
         raise ConfigError(f"{source}: key 'moesim' must be a table (version, command, files)")
     if header.get("command") != command:
         raise ConfigError(f"{source}: key 'moesim.command': written by '{header.get('command')}', not by '{command}'")
     for path, digest in header.get("files", {}).items():
         if not Path(path).is_file():
-            raise ConfigError(f"{source}: key 'moesim.files': input {path} is gone")
+            raise ConfigError(f"{source}: key 'moesim.files': input {path} is not there (rerun from the run's working folder)")
         if file_digest(Path(path)) != digest:
             raise ConfigError(f"{source}: key 'moesim.files': input {path} changed since the run (its sha256 differs)")
-    if not isinstance(header.get("folder"), str) or not Path(header["folder"]).is_dir():
-        raise ConfigError(f"{source}: key 'moesim.folder': the run's working folder {header.get('folder')!r} is gone")
-
-
-def run_folder(header: dict[str, Any]) -> Path:
-    """Where a written config's relative paths start: its run's working folder, from here."""
-    return Path(os.path.relpath(header["folder"]))

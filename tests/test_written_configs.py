@@ -144,7 +144,7 @@ def test_json_outputs_rerun_from_their_config_to_the_same_bytes(cli, tmp_path: P
     assert code == 0, err
     written = json.loads(out)["config"]
     assert written["moesim"]["command"] == command[0] and written["options"]["model"] == "deepseek-v2-lite"
-    assert written["options"]["family"] in ("per_slot", "best") and str(trace_path.resolve()) in written["moesim"]["files"]
+    assert written["options"]["family"] in ("per_slot", "best") and str(trace_path) in written["moesim"]["files"]
     saved = tmp_path / "out.json"
     saved.write_text(out)
     code, again, err = cli("rerun", saved)
@@ -168,7 +168,7 @@ def test_a_rerun_refuses_a_changed_input_in_one_line(cli, tmp_path: Path, trace_
     saved = tmp_path / "out.json"
     saved.write_text(out)
     copy.write_bytes(trace_path.read_bytes() + b"\0")
-    assert_one_line_error(*cli("rerun", saved)[::2], f"{copy.resolve()} changed since the run")
+    assert_one_line_error(*cli("rerun", saved)[::2], f"{copy} changed since the run")
     not_written = tmp_path / "plain.json"
     not_written.write_text("{}")
     assert_one_line_error(*cli("rerun", not_written)[::2], "not the JSON output of a command that carries its config")

@@ -2,8 +2,9 @@
 
 A command's written config is `{"options": ..., "moesim": ...}`: every option of the command as
 its run resolved it (defaults filled, the family, model and weight format the run chose), paths
-as the run named them, and `[moesim]` (`moesim.tomlfile.run_header`: the version, the command,
-the working folder, the sha256 of every input: trace, profile, tables). `predict --json` and
+as the run named them (a relative one from the run's working folder: a rerun runs there), and
+`[moesim]` (`moesim.tomlfile.run_header`: the version, the command, the sha256 of every input:
+trace, profile, tables). `predict --json` and
 `best-draft --json` put it in their object under "config"; `validate --out` writes it as the
 folder's config.toml. `simulate` and `sweep` write their own config resolved (config.toml of the
 output folder, the Parquet's `moesim.run_config`), which they read back themselves.
@@ -11,7 +12,6 @@ output folder, the Parquet's `moesim.run_config`), which they read back themselv
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -105,14 +105,12 @@ def rerun(
     written = {"moesim": {"command": "sweep"}} if config.suffix == ".parquet" else _read(config)
     header = written.get("moesim")
     command = str(header.get("command")) if isinstance(header, dict) else ""
-    folder: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if command in ("simulate", "sweep"):
         argv = [command, str(config)]  # they check their own [moesim]
     else:
         check_run_header(header, str(config), command)
         if not isinstance(written.get("options"), dict):
             raise InputError(f"{config}: key 'options' must be the table of the command's options")
-        argv, folder = _argv(command, written["options"], str(config)), contextlib.chdir(header["folder"])  # type: ignore[index]
-    argv += [*(["--out", str(out.absolute())] if out is not None else []), *(["--force"] if force else [])]
-    with folder:
-        app(args=argv, prog_name="moesim", standalone_mode=False)
+        argv = _argv(command, written["options"], str(config))
+    argv += [*(["--out", str(out)] if out is not None else []), *(["--force"] if force else [])]
+    app(args=argv, prog_name="moesim", standalone_mode=False)

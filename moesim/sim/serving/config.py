@@ -41,7 +41,7 @@ from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tr
 from moesim.sim.serving.memory import KVBudget, MemorySection, check_longest_request, check_sizes, kv_budget
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
-from moesim.tomlfile import check_run_header, read_toml, run_folder
+from moesim.tomlfile import check_run_header, read_toml
 from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generator
 
@@ -436,10 +436,11 @@ def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudyS
 
 
 def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimConfig:
-    """A SimConfig from parsed TOML (a written config's `[moesim]` table checked: its inputs unchanged)."""
+    """A SimConfig from parsed TOML (a written config's `[moesim]` table checked: its inputs unchanged;
+    its paths are from the working folder)."""
     if "moesim" in data:
         check_run_header(data["moesim"], source, "simulate")
-        base_dir = run_folder(data["moesim"])
+        base_dir = Path(".")  # its paths are as the run named them, from its working folder
         data = {k: v for k, v in data.items() if k != "moesim"}
     for key in data:
         if key not in SECTIONS:

@@ -12,7 +12,7 @@
   order); with KV memory or chunked prefill also the positions prefilled and the requests
   preempted, and with memory the pages used and free at the pass and the swap time.
 - config.toml: the config fully resolved (every section with its defaults, files as the run
-  named them, from the working folder `[moesim]` names) and `[moesim]`: moesim's version, the command, the sha256 of every input (trace,
+  named them, from the run's working folder) and `[moesim]`: moesim's version, the command, the sha256 of every input (trace,
   profile, preset and length files); `moesim simulate OUT/config.toml` reruns it to the same bytes.
 - summary.json: throughput, TPOT mean / p50 / p99, latency, acceptance, and against the same
   run with speculation off: speedup (throughput ratio), TPOT speedup, the worst request's
@@ -220,9 +220,9 @@ def _files(value: Any) -> list[str]:
 
 def config_table(config: SimConfig) -> dict[str, Any]:
     """The config fully resolved, as the TOML document `config_from_dict` reads back to it: every
-    section with its defaults, files as the run named them (relative to `[moesim]`'s folder, the
-    working folder of the run), and `[moesim]` (version, command, the sha256 of every input file,
-    the profiles' among them)."""
+    section with its defaults, files as the run named them (a relative one from the run's working
+    folder), and `[moesim]` (version, command, the sha256 of every input file, the profiles' among
+    them)."""
     entry = lambda selector, e: {selector: e.name, **dump(e)}  # noqa: E731
     doc: dict[str, Any] = {
         name: dump(getattr(config, name))

@@ -37,7 +37,7 @@ from moesim.sim.cost.drafters import drafter_tree, make_drafter
 from moesim.sim.cost.steptime import check_engine
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
-from moesim.tomlfile import check_run_header, read_toml, run_folder, run_header
+from moesim.tomlfile import check_run_header, read_toml, run_header
 from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.routing.synth import MAX_SEED, make_generator, synth_sizes
@@ -210,7 +210,7 @@ class SweepConfig:
 
     def table(self) -> dict[str, Any]:
         """The config fully resolved, as the TOML document `parse_config` reads back to it: every
-        section with its defaults, files as the run named them (from `[moesim]`'s working folder),
+        section with its defaults, files as the run named them (from its working folder),
         and `[moesim]` (version, command, the sha256 of every input file, the profiles' among them)."""
         g = self.grid
         files = [resolve_trace(p) for p in self.identity["files"]] + [f for p in g.profiles for f in profile_files(p)]
@@ -362,7 +362,7 @@ def load_config(path: str | Path) -> SweepConfig:
         raise ConfigError(f"{path}: not the results of a sweep that carry their config (metadata '{RUN_CONFIG_KEY}')") from None
     data = load_toml(text, f"{path} ({RUN_CONFIG_KEY})")
     check_run_header(data.get("moesim"), str(path), "sweep")
-    return parse_config({k: v for k, v in data.items() if k != "moesim"}, str(path), run_folder(data["moesim"]))
+    return parse_config({k: v for k, v in data.items() if k != "moesim"}, str(path), Path("."))  # paths as the run named them
 
 
 def points_per_unit(config: SweepConfig) -> int:

@@ -54,7 +54,10 @@ def _argv(command: str, options: dict[str, Any], source: str) -> list[str]:
     words = command.split()
     click_command = typer.main.get_command(app)
     for word in words:
-        click_command = click_command.commands[word]  # type: ignore[attr-defined]
+        commands = getattr(click_command, "commands", {})
+        if word not in commands:
+            raise InputError(f"{source}: key 'moesim.command': no moesim command '{command}'")
+        click_command = commands[word]
     params = {p.name: p for p in click_command.params}
     argv, positional = list(words), []
     for key, value in options.items():
@@ -104,7 +107,9 @@ def rerun(
 
     written = {"moesim": {"command": "sweep"}} if config.suffix == ".parquet" else _read(config)
     header = written.get("moesim")
-    command = str(header.get("command")) if isinstance(header, dict) else ""
+    command = header.get("command") if isinstance(header, dict) else None
+    if not isinstance(command, str):
+        raise InputError(f"{config}: key 'moesim.command' must name the command that wrote the output")
     if command in ("simulate", "sweep"):
         argv = [command, str(config)]  # they check their own [moesim]
     else:

@@ -173,7 +173,8 @@ def test_a_rerun_refuses_a_changed_input_in_one_line(cli, tmp_path: Path, trace_
     not_written.write_text("{}")
     assert_one_line_error(*cli("rerun", not_written)[::2], "not the JSON output of a command that carries its config")
     for text, fragment in [
-        ("x = 1", "key 'moesim' must be a table"),
+        ("x = 1", "key 'moesim.command' must name the command"),
+        ('[moesim]\ncommand = "predict"\nfiles = []\n[options]', "key 'moesim' must be a table"),
         ("[moesim]\nfiles = {}", "key 'moesim.command' must name the command"),
         ('[moesim]\ncommand = "nope"\n[options]', "no moesim command 'nope'"),
         ('[moesim]\ncommand = "predict"\n[options]\nnope = 1', "key 'options.nope': not an option of 'predict'"),

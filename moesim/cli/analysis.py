@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,6 +61,14 @@ def _scenario(
 
     devices = Devices(**from_options(Devices, options))
     return load_scenario(trace, profile, family, model, drafter, weight_format, context, devices)
+
+
+def _written(command: str, scenario: Any) -> Callable[[], dict[str, Any]]:
+    """The run's config (`moesim.cli.rerun`), the family, model and weight format it chose filled in."""
+    from moesim.cli.rerun import command_config
+
+    resolved = {"family": scenario.model.engine, "model": scenario.trace.meta.geometry.model, "weight_format": scenario.model.weight_format}
+    return lambda: command_config(command, resolved)
 
 
 def _where(scenario: Any, profile: str) -> str:
@@ -137,7 +146,7 @@ def predict_command(
     if out is not None:
         plan = prediction_plan(scenario, result, f"predict --trace {trace.name} --profile {Path(profile).name} --family {result.family}")
         write_plan_dir(out, plan, force)
-    if emit_json(result, as_json):
+    if emit_json(result, as_json, _written("predict", scenario)):
         return
     render_table(
         result.table(),
@@ -195,7 +204,7 @@ def best_draft_command(
     result = best_draft_analysis(
         scenario, alpha or [], max_draft, accept_lengths=accept_len, depth_rates=depth_rates, runs=accept_run, batch=batch, verdict=verdict
     )
-    if emit_json(result, as_json):
+    if emit_json(result, as_json, _written("best-draft", scenario)):
         return
     render_table(
         result.table(),

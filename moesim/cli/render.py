@@ -182,11 +182,12 @@ def warn(warnings: list[str]) -> None:
         line(f"moesim: warning: {text}")
 
 
-def emit_json(result: Any, as_json: bool) -> bool:
-    """A result's warnings on stderr; with --json its JSON on stdout (True: nothing left to render)."""
+def emit_json(result: Any, as_json: bool, config: Callable[[], dict[str, Any]] | None = None) -> bool:
+    """A result's warnings on stderr; with --json its JSON on stdout, with the run's `config` under
+    "config" when given (True: nothing left to render)."""
     warn(result.warnings)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), **({"config": config()} if config is not None else {})})
     return as_json
 
 

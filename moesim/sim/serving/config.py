@@ -33,16 +33,15 @@ from moesim.fields import Checked, FieldError, build, build_entry, checked, rena
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
+from moesim.sim.cost.drafters import DenseModelDrafter, DrafterSection
 from moesim.sim.cost.parallel import ALL_REDUCES, Parallelism, parallelism_on
 from moesim.sim.cost.steptime import default_family
-from moesim.sim.cost.tree import TreeSpec, parse_tree
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
 from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tree
 from moesim.sim.serving.memory import KVBudget, MemorySection, check_longest_request, check_sizes, kv_budget
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
-from moesim.tomlfile import read_toml
+from moesim.tomlfile import check_run_header, read_toml
 from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generator
 
@@ -172,53 +171,6 @@ class TargetSection:
                 device_spec(self.device)
             except ConfigError as exc:
                 raise FieldError("device", str(exc)) from None
-
-
-@dataclass(frozen=True)
-class DrafterSection:
-    """The drafter: n-gram / prompt lookup (≈ 0 cost), a dense preset on the same profile, an
-    EAGLE-style head, or a fixed time per drafted token; `kind` may be any drafter spec as the
-    command line takes it (e.g. "eagle3:32000" or "mtp,topk=2,tokens=6"), and `tree` adds a draft
-    tree ("topk=K,tokens=N" or "paths=[[0],...]") to it."""
-
-    kind: str = "ngram"
-    model: str | None = None
-    time_us: float | None = None
-    tree: str = ""
-
-    def __post_init__(self) -> None:
-        try:
-            base, options = split_options(self.kind)
-        except ConfigError as exc:
-            raise FieldError("kind", str(exc)) from None
-        name = base.partition(":")[0]
-        require(name in DRAFTERS, "kind", DRAFTERS.unknown(name))
-        if self.kind == "preset":
-            require(self.model is not None, "model", "a preset drafter needs a model preset name")
-        if self.kind == "fixed":
-            t = self.time_us
-            require(t is not None and math.isfinite(t) and t >= 0, "time_us", f"a fixed drafter needs time_us >= 0, got {t}")
-        if self.tree:
-            named = sorted({"topk", "tokens", "paths"} & set(options))
-            require(not named, "tree", f"kind '{self.kind}' already names its tree ({', '.join(named)}): give it in one place")
-            try:
-                parse_tree(self.tree)
-            except ConfigError as exc:
-                raise FieldError("tree", str(exc)) from None
-
-    def spec(self) -> str:
-        """The drafter as `moesim.sim.cost.drafters.make_drafter` names it."""
-        if self.kind == "preset":
-            base = self.model  # type: ignore[assignment]
-        elif self.kind == "fixed":
-            base = f"fixed:{self.time_us}"
-        else:
-            base = self.kind
-        return f"{base},{self.tree}" if self.tree else base  # type: ignore[return-value]
-
-    def tree_spec(self) -> TreeSpec:
-        """The tree the drafter verifies (the chain by default)."""
-        return drafter_tree(self.spec())
 
 
 @dataclass(frozen=True)
@@ -384,7 +336,7 @@ def _check_target(config: SimConfig, steptime: bool) -> None:
         drafter = study.drafter_for(model, config.drafter) if study is not None else config.drafter
         if steptime:
             try:
-                make_drafter(drafter.spec(), preset)
+                drafter.make(preset)
             except MoesimError as exc:
                 key = "study.drafters" if drafter is not config.drafter else f"drafter.{'model' if drafter.kind == 'preset' else 'kind'}"
                 raise ConfigError(f"{source}: key '{key}': {exc}") from None
@@ -430,7 +382,7 @@ def placement(config: SimConfig) -> tuple[Parallelism, KVBudget | None]:
     if config.memory is None:
         return parallel, None
     fmt = target.weight_format or (preset.default_format if preset is not None else "BF16")
-    drafter = make_drafter(config.drafter.spec(), preset) if preset is not None and config.cost.kind == "steptime" else None
+    drafter = config.drafter.make(preset) if preset is not None and config.cost.kind == "steptime" else None
     draft = drafter.model if isinstance(drafter, DenseModelDrafter) else None
     host = link_spec(device.host_link) if device is not None and device.host_link else None
     try:
@@ -489,7 +441,12 @@ RENAMED_TARGET_KEYS = {"engine": "family"}
 
 
 def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimConfig:
-    """A SimConfig from parsed TOML."""
+    """A SimConfig from parsed TOML (a written config's `[moesim]` table checked: its inputs unchanged;
+    its paths are from the working folder)."""
+    if "moesim" in data:
+        check_run_header(data["moesim"], source, "simulate")
+        base_dir = Path(".")  # its paths are as the run named them, from its working folder
+        data = {k: v for k, v in data.items() if k != "moesim"}
     for key in data:
         if key not in SECTIONS:
             raise ConfigError(f"{source}: key '{key}': unknown section (known: {', '.join(SECTIONS)})")

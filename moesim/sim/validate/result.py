@@ -32,6 +32,7 @@ from moesim.sim.validate.predictions import (
 )
 from moesim.sim.validate.rows import Table, predict_table, spec_rows
 from moesim.sim.validate.runs import predict_run, speculative_curves_of
+from moesim.tomlfile import RUN_CONFIG
 from moesim.tracegen.formats.specrun import read_spec_run
 
 # ---- the result -----------------------------------------------------------------------------------
@@ -136,12 +137,15 @@ class Validation:
         gaps, share, notes = table_gaps(self.predictions)
         return gap_plan(gaps, share, self.source, self.profile, notes)
 
-    def write(self, out_dir: Path, force: bool = False) -> Path:
-        """Write `out_dir`/predictions.parquet and plan.toml (atomically; the folder is made if missing)."""
+    def write(self, out_dir: Path, force: bool = False, config: str = "") -> Path:
+        """Write `out_dir`/predictions.parquet, plan.toml and, when given, the run's `config` as
+        config.toml (each atomically; the folder is made if missing)."""
         check_predictions_dir(out_dir, force)
         with output_dir(out_dir, force) as staging:
             self.predictions.write_parquet(staging / "predictions.parquet")
             write_plan(staging / PLAN_NAME, self.plan())
+            if config:
+                (staging / RUN_CONFIG).write_text(config)
         return out_dir / "predictions.parquet"
 
 

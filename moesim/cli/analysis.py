@@ -67,7 +67,7 @@ def _written(command: str, scenario: Any) -> Callable[[], dict[str, Any]]:
     """The run's config (`moesim.cli.rerun`), the family, model and weight format it chose filled in."""
     from moesim.cli.rerun import command_config
 
-    resolved = {"family": scenario.model.engine, "model": scenario.trace.meta.geometry.model, "weight_format": scenario.model.weight_format}
+    resolved = {"family": scenario.model.family, "model": scenario.trace.meta.geometry.model, "weight_format": scenario.model.weight_format}
     return lambda: command_config(command, resolved)
 
 

@@ -311,7 +311,9 @@ def test_sigterm_on_trace_synth_is_one_line_and_exit_143(tmp_path: Path) -> None
     def writing() -> bool:
         return bool(list(tmp_path.glob(".t.arrow.*.part")))
 
-    run = _terminate_after(["trace", "synth", "--model", "deepseek-v3", "--tokens", "1000000", "--out", "t.arrow"], tmp_path, 0.0, writing)
+    # 200,000 tokens: one group of positions (synth.GROUP_POSITIONS), ~6 CPU seconds drawn after the
+    # writer opens, so the signal lands mid-work; 1,000,000 took a minute to reach the handler
+    run = _terminate_after(["trace", "synth", "--model", "deepseek-v3", "--tokens", "200000", "--out", "t.arrow"], tmp_path, 0.0, writing)
     _assert_terminated(run, tmp_path, before)
 
 

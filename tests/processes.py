@@ -64,3 +64,9 @@ def run_moesim(
             raise subprocess.TimeoutExpired(["moesim", *map(str, args)], timeout)
         out, err = Path(out_path).read_text(errors="replace"), Path(err_path).read_text(errors="replace")
     return subprocess.CompletedProcess(["moesim", *map(str, args)], child.exitcode, out, err)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process `pid` has worked: how far a command got, whatever the machine's load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

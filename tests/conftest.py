@@ -1,4 +1,5 @@
-"""Shared fixtures: the CLI run in-process, one demo run per test session, the repository's data folder."""
+"""Shared fixtures: the CLI run in-process, one demo run per test session, the repository's data
+folder, and the one way tests build a `Server` (`make_server`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from moesim.cli import main
+from moesim.sim.serving.server import Server
+from moesim.sim.serving.workload import Arrivals
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
@@ -22,6 +26,11 @@ DATA = REPO / "data"
 os.environ.setdefault("COLUMNS", "200")
 os.environ["MOESIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="moesim-test-cache-")  # never the user's cache (moesim.cache)
 atexit.register(shutil.rmtree, os.environ["MOESIM_CACHE_DIR"], True)
+
+# No property test may pass or fail with the machine's load: no deadline per example, no health
+# check on how long examples take to draw (a test that lists its own suppressed checks names too_slow)
+settings.register_profile("moesim", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("moesim")
 
 
 @pytest.fixture(autouse=True)
@@ -86,3 +95,11 @@ def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def make_server(cost: object, policy: object, acceptance: object, workload: object, **options: object) -> Server:
+    """The server of a test: a closed loop of one request at a time, one request, no duration
+    limit, seed 0, unless `options` say otherwise (any `Server` argument: arrivals, max_batch,
+    requests, duration_us, seed, windows, scheduling, lane, progress)."""
+    defaults: dict[str, object] = {"arrivals": Arrivals(), "max_batch": 1, "requests": 1, "duration_us": 0.0, "seed": 0}
+    return Server(cost=cost, policy=policy, acceptance=acceptance, workload=workload, **(defaults | options))  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ def _valid_trace_bytes(tmp: Path) -> bytes:
     return path.read_bytes()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     data=st.data(),
     mode=st.sampled_from(["flip", "truncate", "splice"]),

@@ -16,14 +16,19 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from moesim.cli import main
-from moesim.sim.serving.server import Server
-from moesim.sim.serving.workload import Arrivals
+# rich fixes a console's width to COLUMNS when the console is made (moesim.cli.render makes its
+# own at import): moesim is imported without it, so that its consoles follow the variable the tests
+# set; an xdist worker inherits the COLUMNS this file set in the process that started it
+COLUMNS = os.environ.pop("COLUMNS", None) or "200"
+
+from moesim.cli import main  # noqa: E402
+from moesim.sim.serving.server import Server  # noqa: E402
+from moesim.sim.serving.workload import Arrivals  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
-os.environ.setdefault("COLUMNS", "200")
+os.environ["COLUMNS"] = COLUMNS
 os.environ["MOESIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="moesim-test-cache-")  # never the user's cache (moesim.cache)
 atexit.register(shutil.rmtree, os.environ["MOESIM_CACHE_DIR"], True)
 

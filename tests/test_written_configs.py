@@ -157,7 +157,7 @@ def test_validate_reruns_from_its_config_to_the_same_bytes(cli, tmp_path: Path) 
     assert cli("validate", table, "--profile", "nvidia-h200", "--filter", "model=mixtral-8x7b", "--out", tmp_path / "a")[0] == 0
     assert cli("rerun", tmp_path / "a" / RUN_CONFIG, "--out", tmp_path / "b")[0] == 0
     first = _files(tmp_path / "a")
-    assert set(first) == {"predictions.parquet", RUN_CONFIG} and _files(tmp_path / "b") == first
+    assert set(first) == {"predictions.parquet", "plan.toml", RUN_CONFIG} and _files(tmp_path / "b") == first
 
 
 def test_a_rerun_refuses_a_changed_input_in_one_line(cli, tmp_path: Path, trace_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -47,12 +47,10 @@ def command_config(command: str, resolved: dict[str, Any]) -> dict[str, Any]:
     return {"options": options, "moesim": run_header(command, _files(options))}
 
 
-def _argv(command: str, options: dict[str, Any], source: str) -> list[str]:
-    """The command line that runs `command` with `options` (each a parameter of the command)."""
-    from moesim.cli import app
-
+def _argv(root: Any, command: str, options: dict[str, Any], source: str) -> list[str]:
+    """The command line that runs `command` of moesim's command group `root` with `options` (each a parameter of the command)."""
     words = command.split()
-    click_command = typer.main.get_command(app)
+    click_command = root
     for word in words:
         commands = getattr(click_command, "commands", {})
         if word not in commands:
@@ -90,6 +88,7 @@ def _read(file: Path) -> dict[str, Any]:
 
 
 def rerun(
+    ctx: typer.Context,
     config: Annotated[
         Path,
         typer.Argument(
@@ -103,8 +102,7 @@ def rerun(
     force: ForceOpt = False,
 ) -> None:
     """Run the command an output came from again, from the config it carries (the same bytes)."""
-    from moesim.cli import app
-
+    root = ctx.find_root().command  # moesim's command group (cli/__init__ imports this module)
     written = {"moesim": {"command": "sweep"}} if config.suffix == ".parquet" else _read(config)
     header = written.get("moesim")
     command = header.get("command") if isinstance(header, dict) else None
@@ -116,6 +114,6 @@ def rerun(
         check_run_header(header, str(config), command)
         if not isinstance(written.get("options"), dict):
             raise InputError(f"{config}: key 'options' must be the table of the command's options")
-        argv = _argv(command, written["options"], str(config))
+        argv = _argv(root, command, written["options"], str(config))
     argv += [*(["--out", str(out)] if out is not None else []), *(["--force"] if force else [])]
-    app(args=argv, prog_name="moesim", standalone_mode=False)
+    root.main(args=argv, prog_name="moesim", standalone_mode=False)

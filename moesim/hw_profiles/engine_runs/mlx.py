@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from moesim.errors import InputError
-from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, SpecRun
+from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, rate_run
 
 ENGINE = "MLX-LM"
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
@@ -63,16 +63,7 @@ def parse_generate(text: str, where: str, context: RunContext) -> EngineRows:
         }
         if context.draft or context.draft_len:
             runs.append(
-                SpecRun(
-                    target_model=context.model or NA,
-                    draft=context.draft or NA,
-                    draft_len=context.draft_len,
-                    spec_value=rate,
-                    metric="t/s",
-                    tokens_per_s=rate,
-                    notes="mlx_lm.generate with a draft model (acceptance not printed)",
-                    **shared,
-                )
+                rate_run(context.model or NA, context, rate, None, "mlx_lm.generate with a draft model (acceptance not printed)", shared)
             )
         else:
             steps.append(

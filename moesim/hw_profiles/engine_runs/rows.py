@@ -215,6 +215,23 @@ class SpecRun:
         return {name: cell(getattr(self, name)) for name in SPEC_COLUMNS}
 
 
+def rate_run(
+    target_model: str, context: RunContext, rate: float, accepted_per_drafted: float | None, notes: str, shared: dict[str, Any]
+) -> SpecRun:
+    """A speculative run measured as its generation rate: its value and its tokens/s both the rate (t/s)."""
+    return SpecRun(
+        target_model=target_model,
+        draft=context.draft or NA,
+        draft_len=context.draft_len,
+        spec_value=rate,
+        metric="t/s",
+        accepted_per_drafted=accepted_per_drafted,
+        tokens_per_s=rate,
+        notes=notes,
+        **shared,
+    )
+
+
 def step_us(value: float, unit: str, batch: int, tokens_per_pass: int = 1) -> float | None:
     """Time per forward (µs) of a value in a step unit (the module's table); None for a batch latency."""
     if unit == "t/s":

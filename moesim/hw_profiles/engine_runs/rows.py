@@ -337,3 +337,45 @@ def require(value: Any, where: str, field: str, option: str) -> Any:
     if value is None:
         raise InputError(f"{where}: field '{field}' is not in this output: give {option}")
     return value
+
+
+@dataclass(frozen=True)
+class ServingRecord:
+    """What every row of a serving benchmark's record shares: requests, concurrency, batch, mean TPOT, row fields."""
+
+    completed: int
+    concurrency: int | None
+    batch: int
+    tpot_ms: float
+    shared: dict[str, Any]
+
+    @classmethod
+    def read(cls, record: dict[str, Any], where: str, context: RunContext, engine: str) -> ServingRecord:
+        """The record's counts and mean TPOT; batch is the concurrency unless the context gives one."""
+        completed = number(record, "completed", where, integer=True)
+        concurrency = number(record, "max_concurrency", where, integer=True, required=False)
+        batch = require(concurrency or context.batch, where, "max_concurrency", "--batch (or FILE@batch=B)")
+        shared = {
+            "source_url": where,
+            "engine": engine,
+            "engine_version": context.engine_version or NA,
+            "device": context.device or NA,
+            "tp": context.tp or 1,
+            "input_len": round(number(record, "total_input_tokens", where) / completed),
+            "output_len": round(number(record, "total_output_tokens", where) / completed),
+        }
+        return cls(completed, concurrency, batch, number(record, "mean_tpot_ms", where), shared)
+
+    def step(self, tool: str, model: str, context: RunContext) -> DecodeStep:
+        """Plain decoding: the mean time per output token (TPOT ms) at the run's concurrency."""
+        note = f"{tool}: mean TPOT at max_concurrency {self.concurrency or NA}, {self.completed} requests"
+        return DecodeStep(
+            model=model,
+            dtype=context.dtype or NA,
+            batch=self.batch,
+            value=self.tpot_ms,
+            unit="TPOT ms",
+            notes=note,
+            cuda_graphs=context.cuda_graphs or NA,
+            **self.shared,
+        )

@@ -94,12 +94,7 @@ def parse_benchmark(text: str, where: str, context: RunContext) -> EngineRows:
             raise InputError(f"{at}: field 'generation_tps' must be > 0 at batch_size >= 1, got {rate} at {batch}")
         steps.append(
             DecodeStep(
-                source_url=at,
-                engine=ENGINE,
-                engine_version=context.engine_version or NA,
-                device=context.device or NA,
-                model=context.model or NA,
-                dtype=context.dtype or NA,
+                **context.step_fields(at, ENGINE),
                 batch=batch,
                 value=rate,
                 unit="t/s (batch total)" if batch > 1 else "t/s",

@@ -98,6 +98,17 @@ class RunContext(Checked):
         """This context with every field `other` gives replaced by it."""
         return replace(self, **{f.name: v for f in fields(other) if (v := getattr(other, f.name)) is not None})
 
+    def step_fields(self, source_url: str, engine: str) -> dict[str, str]:
+        """A decode step's source, engine and the context's version, device, model and dtype (NA where not given)."""
+        return {
+            "source_url": source_url,
+            "engine": engine,
+            "engine_version": self.engine_version or NA,
+            "device": self.device or NA,
+            "model": self.model or NA,
+            "dtype": self.dtype or NA,
+        }
+
 
 @dataclass(frozen=True)
 class DecodeStep:

@@ -45,12 +45,7 @@ def looks_like_serving(text: str) -> bool:
 
 def _step(where: str, context: RunContext, batch: int, median_s: float, input_len: int | None, output_len: int | None) -> DecodeStep:
     return DecodeStep(
-        source_url=where,
-        engine=ENGINE,
-        engine_version=context.engine_version or NA,
-        device=context.device or NA,
-        model=context.model or NA,
-        dtype=context.dtype or NA,
+        **context.step_fields(where, ENGINE),
         batch=batch,
         value=median_s * 1000.0,
         unit="ms per step",

@@ -75,12 +75,7 @@ def parse_latency(text: str, where: str, context: RunContext) -> EngineRows:
         raise InputError(f"{where}: expected a JSON object with avg_latency, got {type(document).__name__}")
     latency_s = number(summary, "avg_latency", where)
     step = DecodeStep(
-        source_url=where,
-        engine=ENGINE,
-        engine_version=context.engine_version or NA,
-        device=context.device or NA,
-        model=context.model or NA,
-        dtype=context.dtype or NA,
+        **context.step_fields(where, ENGINE),
         batch=require(context.batch, where, "batch_size", "--batch (or FILE@batch=B)"),
         value=latency_s,
         unit=LATENCY_UNIT,

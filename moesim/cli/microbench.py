@@ -14,6 +14,7 @@ from moesim.cli.options import OUT_DIR, ForceOpt, config_options, from_options
 from moesim.cli.render import console, render_table, say
 from moesim.hw_profiles.microbench.llama_cpp import LlamaBenchConfig
 from moesim.hw_profiles.microbench.mlx_switch import MlxBenchConfig
+from moesim.hw_profiles.microbench.plan import Plan
 from moesim.hw_profiles.microbench.torch_cuda import TorchBenchConfig
 
 app = typer.Typer(help="Microbenchmarks of one MoE layer's expert operation; each writes a measurement table.", no_args_is_help=True)
@@ -95,6 +96,23 @@ def _dry_run(listed: tuple[list[dict[str, Any]], list[str]], as_json: bool) -> N
         say(f"note: {note}")
 
 
+def _checked_plan(
+    plan: Path | None, model: list[str] | None, overrides: dict[str, int | None], dry_run: bool, out: Path | None
+) -> Plan | None:
+    """The --plan of a shape-overriding microbench, checked against --model, the overrides, --dry-run and --out."""
+    from moesim.errors import InputError
+    from moesim.hw_profiles.microbench.plan import read_plan
+
+    planned = read_plan(plan) if plan is not None else None
+    if planned is not None and (model or any(v is not None for v in overrides.values())):
+        raise InputError("--plan excludes --model and the shape overrides (the plan names the shapes it measures)")
+    if dry_run and planned is None:
+        raise InputError("--dry-run lists a plan's rows: give --plan")
+    if not dry_run and out is None:
+        raise InputError("--out is required (the folder the measurement table is written into), unless --dry-run")
+    return planned
+
+
 @app.command("llama-cpp")
 @config_options(LlamaBenchConfig)
 def microbench_llama_cpp(
@@ -115,21 +133,14 @@ def microbench_llama_cpp(
     """Time one MoE layer's expert operation through llama.cpp (L vs 2L layers) and write a table."""
     from moesim.errors import InputError
     from moesim.hw_profiles.microbench.llama_cpp import llamacpp_plan_configs, llamacpp_plan_rows, preset_shapes, run_llamacpp_configs
-    from moesim.hw_profiles.microbench.plan import read_plan
     from moesim.hw_profiles.microbench.table import write_measurements
 
     overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
     config = LlamaBenchConfig(**from_options(LlamaBenchConfig, options))
-    planned = read_plan(plan) if plan is not None else None
-    if planned is not None and (model or any(v is not None for v in overrides.values())):
-        raise InputError("--plan excludes --model and the shape overrides (the plan names the shapes it measures)")
+    planned = _checked_plan(plan, model, overrides, dry_run, out)
     if dry_run:
-        if planned is None:
-            raise InputError("--dry-run lists a plan's rows: give --plan")
         _dry_run(llamacpp_plan_rows(config, planned), as_json)
         return
-    if out is None:
-        raise InputError("--out is required (the folder the measurement table is written into), unless --dry-run")
     if planned is None:
         configs = [dataclasses.replace(config, shape=shape) for shape in preset_shapes(model, weight_format, overrides)]
     else:
@@ -160,9 +171,7 @@ def microbench_mlx(
     **options: Any,
 ) -> None:
     """Time one MoE layer's expert operation through mlx_lm's SwitchGLU (gather_mm / gather_qmm, rows sorted or not) and write a table."""
-    from moesim.errors import InputError
     from moesim.hw_profiles.microbench.mlx_switch import mlx_plan_rows, mlx_shapes, run_mlx_microbench
-    from moesim.hw_profiles.microbench.plan import read_plan
     from moesim.hw_profiles.microbench.table import write_measurements
     from moesim.tracegen.mlx.runtime import import_mlx
 
@@ -170,16 +179,10 @@ def microbench_mlx(
     config = MlxBenchConfig(**from_options(MlxBenchConfig, options))
     config.validate()
     overrides = {"experts": experts, "top_k": top_k, "hidden": hidden, "expert_intermediate": expert_intermediate}
-    planned = read_plan(plan) if plan is not None else None
-    if planned is not None and (model or any(v is not None for v in overrides.values())):
-        raise InputError("--plan excludes --model and the shape overrides (the plan names the shapes it measures)")
+    planned = _checked_plan(plan, model, overrides, dry_run, out)
     if dry_run:
-        if planned is None:
-            raise InputError("--dry-run lists a plan's rows: give --plan")
         _dry_run(mlx_plan_rows(config, planned), as_json)
         return
-    if out is None:
-        raise InputError("--out is required (the folder the measurement table is written into), unless --dry-run")
     shapes = mlx_shapes(model, overrides) if planned is None else []
     check_out_dir(out, force)
     result = run_mlx_microbench(config, shapes, progress=say, plan=planned)

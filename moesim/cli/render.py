@@ -6,7 +6,7 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,12 @@ def say(message: str) -> None:
 def line(message: str) -> None:
     """A long line on stderr, never wrapped (warnings, notes, interruptions)."""
     err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def note(notes: Iterable[str]) -> None:
+    """Each note as `moesim: note: ...` on stderr."""
+    for text in notes:
+        line(f"moesim: note: {text}")
 
 
 def warn(warnings: list[str]) -> None:

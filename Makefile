@@ -1,6 +1,6 @@
 # Two commands on a fresh machine with only python3:
 #   make demo   creates .venv, installs moesim (llama-cpp-python compiles once, ~5 min on 2 cores), runs the demo
-#   make test   same environment, runs the whole test suite
+#   make test   same environment, runs the whole test suite (pytest-xdist: one worker per core)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check moesim tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 bench: $(STAMP)
 	for script in bench/bench_*.py; do $(BIN)/python $$script || exit 1; done

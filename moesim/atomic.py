@@ -236,7 +236,8 @@ class Manifest:
     folders: tuple[str, ...] = ()
 
 
-def _digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes (hex), read in blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -278,7 +279,7 @@ def _manifest(folder: Path) -> Manifest | None:
         entry = folder / name
         if entry.is_symlink() or (entry.exists() and not entry.is_file()):
             raise _refuse(folder, name, "is not a regular file (a link or a folder); moesim never follows a link to remove it")
-        if entry.exists() and _digest(entry) != digest:
+        if entry.exists() and file_digest(entry) != digest:
             raise _refuse(folder, name, "changed since moesim wrote it")
     for name in folders:
         if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", name) or name in files:
@@ -384,7 +385,7 @@ def _commit(staging: Path, target: Path) -> None:
 def _move(staging: Path, target: Path, files: list[str], folders: list[str]) -> None:
     old = (_manifest(target) if target.is_dir() else None) or Manifest({})
     target.mkdir(exist_ok=True)
-    digests = {name: _digest(staging / name) for name in files}
+    digests = {name: file_digest(staging / name) for name in files}
     for name in files:
         os.replace(staging / name, target / name)
     for name in folders:

@@ -324,3 +324,18 @@ def option_name(cls: type, field_name: str) -> str:
 def from_table(cls: type, table: Any, source: str, noun: str = "key") -> Any:
     """`build` of a whole file's table (no section), paths relative to the file's folder."""
     return build(cls, table, "", source, Path(source).parent, noun=noun)
+
+
+def renamed_keys(table: Any, section: str, renamed: dict[str, str], what: str, source: str) -> tuple[Any, tuple[str, ...]]:
+    """A section's table with renamed keys (old -> new) in their new spelling, and a note for each
+    old one used (`what` the key holds); both spellings at once is one line naming the old key."""
+    if not isinstance(table, dict):
+        return table, ()
+    out, notes = dict(table), []
+    for old, new in renamed.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{source}: key '{section}.{old}': give '{section}.{new}' only ('{old}' is its old name)")
+            out[new] = out.pop(old)
+            notes.append(f"{source}: {section}.{old} is now {section}.{new} ({what}; the old key goes in the next release)")
+    return out, tuple(notes)

@@ -1,15 +1,19 @@
 """Reading TOML files (presets, profiles, generator parameters, configs) with one-line errors, and
-writing TOML values and tables (profiles, spec-path files)."""
+writing TOML values and tables (profiles, spec-path files) and whole documents (the configs that
+outputs carry: `run_header` names moesim's version, the command and the sha256 of every input)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from moesim.atomic import protect
-from moesim.errors import InputError, first_line
+from moesim import __version__
+from moesim.atomic import file_digest, protect
+from moesim.errors import ConfigError, InputError, first_line
 from moesim.parsing import load_toml
 
 
@@ -49,3 +53,52 @@ def toml_section(lines: list[str], header: str | None, table: dict[str, Any]) ->
     if header is not None:
         lines.extend(["", f"[{header}]"])
     lines.extend(f"{key} = {toml_value(value)}" for key, value in table.items() if value is not None)
+
+
+RUN_CONFIG = "config.toml"  # the resolved config an output folder carries
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def toml_key(key: str) -> str:
+    """A key as TOML writes it: bare, or quoted."""
+    return key if BARE_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _is_tables(value: Any) -> bool:
+    return isinstance(value, list | tuple) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def toml_document(doc: dict[str, Any], prefix: str = "") -> str:
+    """A nested dict as a TOML document: values first, then sub-tables ([a.b]) and arrays of tables
+    ([[a.b]]); None values left out."""
+    lines = [f"{toml_key(k)} = {toml_value(v)}" for k, v in doc.items() if v is not None and not isinstance(v, dict) and not _is_tables(v)]
+    for key, value in doc.items():
+        header = f"{prefix}{toml_key(key)}"
+        tables = [(f"[{header}]", value)] if isinstance(value, dict) else [(f"[[{header}]]", v) for v in value] if _is_tables(value) else []
+        for head, table in tables:
+            lines.extend(["", head, *([body] if (body := toml_document(table, header + ".")) else [])])
+    text = "\n".join(lines).strip("\n")
+    return text if prefix else text + "\n"
+
+
+def run_header(command: str, files: Iterable[str | Path]) -> dict[str, Any]:
+    """The `[moesim]` table of a written config: moesim's version, the command that wrote the
+    output, and the sha256 of every input file (by its path as the run named it: a relative one
+    from the run's working folder, where a rerun runs)."""
+    paths = sorted({str(p) for p in files})
+    return {"version": __version__, "command": command, "files": {p: file_digest(Path(p)) for p in paths}}
+
+
+def check_run_header(header: Any, source: str, command: str) -> None:
+    """A written config's `[moesim]` table checked: it names `command` and every file it names is
+    there (from this working folder) with the same sha256 (else one line naming the file). A config
+    another version wrote reruns with this one."""
+    if not isinstance(header, dict) or not isinstance(header.get("files", {}), dict):
+        raise ConfigError(f"{source}: key 'moesim' must be a table (version, command, files)")
+    if header.get("command") != command:
+        raise ConfigError(f"{source}: key 'moesim.command': written by '{header.get('command')}', not by '{command}'")
+    for path, digest in header.get("files", {}).items():
+        if not Path(path).is_file():
+            raise ConfigError(f"{source}: key 'moesim.files': input {path} is not there (rerun from the run's working folder)")
+        if file_digest(Path(path)) != digest:
+            raise ConfigError(f"{source}: key 'moesim.files': input {path} changed since the run (its sha256 differs)")

@@ -1,4 +1,5 @@
-"""Shared fixtures: the CLI run in-process, one demo run per test session, the repository's data folder."""
+"""Shared fixtures: the CLI run in-process, one demo run per test session, the repository's data
+folder, and the one way tests build a `Server` (`make_server`)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
-from moesim.cli import main
+# rich fixes a console's width to COLUMNS when the console is made (moesim.cli.render makes its
+# own at import): moesim is imported without it, so that its consoles follow the variable the tests
+# set; an xdist worker inherits the COLUMNS this file set in the process that started it
+COLUMNS = os.environ.pop("COLUMNS", None) or "200"
+
+from moesim.cli import main  # noqa: E402
+from moesim.sim.serving.server import Server  # noqa: E402
+from moesim.sim.serving.workload import Arrivals  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
-os.environ.setdefault("COLUMNS", "200")
+os.environ["COLUMNS"] = COLUMNS
 os.environ["MOESIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="moesim-test-cache-")  # never the user's cache (moesim.cache)
 atexit.register(shutil.rmtree, os.environ["MOESIM_CACHE_DIR"], True)
+
+# No property test may pass or fail with the machine's load: no deadline per example, no health
+# check on how long examples take to draw (a test that lists its own suppressed checks names too_slow)
+settings.register_profile("moesim", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("moesim")
 
 
 @pytest.fixture(autouse=True)
@@ -86,3 +100,11 @@ def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def make_server(cost: object, policy: object, acceptance: object, workload: object, **options: object) -> Server:
+    """The server of a test: a closed loop of one request at a time, one request, no duration
+    limit, seed 0, unless `options` say otherwise (any `Server` argument: arrivals, max_batch,
+    requests, duration_us, seed, windows, scheduling, lane, progress)."""
+    defaults: dict[str, object] = {"arrivals": Arrivals(), "max_batch": 1, "requests": 1, "duration_us": 0.0, "seed": 0}
+    return Server(cost=cost, policy=policy, acceptance=acceptance, workload=workload, **(defaults | options))  # type: ignore[arg-type]

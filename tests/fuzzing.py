@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from moesim.errors import MoesimError
 from moesim.hw_profiles.measurements.table import load_measurements
+from moesim.hw_profiles.microbench.plan import read_plan
 from moesim.hw_profiles.schema import read_profile
 from moesim.models import load_preset
 from moesim.sim.serving.config import load_config as load_simulation
@@ -200,6 +201,13 @@ HF = {
     "intermediate_size": 6144, "tie_word_embeddings": False,
 }  # fmt: skip
 GEOMETRY = TraceGeometry.from_preset(load_preset("olmoe-1b-7b"))
+PLANNED = {"model": "qwen3-30b-a3b", "hidden": 2048, "expert_intermediate": 768, "experts": 128, "top_k": 8, "weight_format": "BF16",
+           "family": "per_slot", "n_tokens": 4, "distinct_experts": 20, "max_tokens_per_expert": 3, "rung": "fitted",
+           "time_share": 0.25}  # fmt: skip
+PLAN = {
+    "format": "moesim-measurement-plan", "version": 1, "source": "validate held.parquet --profile p.toml", "profile": "p",
+    "answer_share": 0.5, "notes": [], "passes": [PLANNED, {**PLANNED, "n_tokens": 1, "distinct_experts": 8, "max_tokens_per_expert": 1}],
+}  # fmt: skip
 
 
 def kinds(folder: Path) -> dict[str, Kind]:
@@ -244,6 +252,7 @@ def kinds(folder: Path) -> dict[str, Kind]:
         Kind("measurements", "m.parquet", _table_doc(), _write_table, load_measurements, ("profile", "fit", "{file}", "--out", "{out}/f")),
         Kind("simulation", "s.toml", SIM, _write_toml, load_simulation, ("simulate", "{file}", "--out", "{out}/sim")),
         Kind("sweep", "w.toml", SWEEP, _write_toml, load_sweep, ("sweep", "{file}", "--out", "{out}/w.parquet")),
+        Kind("plan", "plan.toml", PLAN, _write_toml, read_plan, ("microbench", "torch", "--plan", "{file}", "--dry-run")),
     ]
     return {kind.name: kind for kind in found}
 

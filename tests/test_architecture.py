@@ -4,38 +4,18 @@ subpackages of a part; folders and modules stay small; nothing reaches outside t
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
 
 PACKAGE = REPO / "moesim"
+MAP = REPO / "docs" / "architecture.md"
 BASE = {"errors", "tomlfile", "atomic", "cache", "registry", "fields", "filters", "machine", "models", "parsing"}
-
-# What each part may import from moesim (besides itself).
-ALLOWED = {
-    "errors": set(),
-    "parsing": {"errors"},
-    "tomlfile": {"errors", "atomic", "parsing"},
-    "atomic": {"errors", "parsing"},
-    "cache": {"errors", "atomic", "parsing"},
-    "registry": {"errors"},
-    "fields": {"errors", "registry"},
-    "filters": {"errors"},
-    "machine": {"errors"},
-    "models": {"errors", "tomlfile", "fields", "registry", "atomic", "parsing"},
-    "kernels": set(),
-    "tracegen": BASE | {"kernels"},
-    "hw_profiles": BASE | {"kernels"},
-    "sim": BASE | {"kernels", "tracegen", "hw_profiles"},
-    "cli": BASE | {"kernels", "tracegen", "hw_profiles", "sim"},
-    "__main__": {"cli"},
-    "__init__": set(),
-}
-
-# Narrow exceptions, by subpackage: the llama.cpp microbenchmark builds its models with the
-# tiny-model builder and runs them with tracegen's llama.cpp runtime, and the dense family is
-# fitted from those models' tensor plans (tracegen never imports hw_profiles: no cycle).
-ALLOWED_SUBPACKAGE = {("hw_profiles", "microbench"): {"tracegen"}, ("hw_profiles", "fitting"): {"tracegen"}}
+# The floors between parts, lowest first: an entry of the map's "Imports across parts" only goes
+# down, except the named subpackage entries between the two parts that stand side by side.
+FLOOR = {**dict.fromkeys(BASE, 0), "kernels": 1, "tracegen": 2, "hw_profiles": 2, "sim": 3, "cli": 4, "__main__": 5}
+SIDE_BY_SIDE = {"tracegen", "hw_profiles"}
 
 # Floors inside a part: what each subpackage may import from its own part (besides itself).
 # `TOP` stands for the part's own modules beside its subpackages (hw_profiles: the profile
@@ -85,15 +65,19 @@ def _sub(parts: tuple[str, ...]) -> str:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[0] / parts[1]).is_dir()) else TOP
 
 
-def _extra(path: Path) -> set[str]:
-    rel = path.relative_to(PACKAGE).parts
-    return ALLOWED_SUBPACKAGE.get(tuple(rel[:2]), set()) if len(rel) > 2 else set()
-
-
-def _moesim_imports(path: Path) -> set[tuple[str, ...]]:
-    """Every moesim module imported, as its dotted parts below `moesim`."""
+def _moesim_imports(path: Path, typing_only: bool = True) -> set[tuple[str, ...]]:
+    """Every moesim module imported, at any depth (inside functions too), as its dotted parts below
+    `moesim`; without `typing_only`, imports under `if TYPE_CHECKING:` are left out."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    if not typing_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                skipped |= {id(inner) for child in node.body for inner in ast.walk(child)}
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("moesim."):
             base = tuple(node.module.split(".")[1:])
             names = [a.name for a in node.names]
@@ -108,14 +92,94 @@ def _files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-def test_imports_only_go_down() -> None:
-    violations = []
+def _map_rows() -> dict[str, set[str]]:
+    """The map's "Imports across parts": importer (a part, or a part/subpackage) -> what it imports
+    (parts, `base`, or part/subpackage/module paths; words in parentheses explain, and are not entries)."""
+    text = MAP.read_text().split("### Imports across parts", 1)[1].split("\n#", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        entries = set(re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", cells[1])))
+        for importer in re.findall(r"`([^`]+)`", cells[0]):
+            assert importer not in rows, f"docs/architecture.md: '{importer}' has two rows"
+            rows[importer] = entries
+    return rows
+
+
+def _imports_across_parts() -> dict[str, dict[str, list[str]]]:
+    """From the code: importer -> entry -> the files whose imports need it (the map's layout)."""
+    found: dict[str, dict[str, list[str]]] = {}
     for path in _files():
-        part = _part(path)
-        bad = {m[0] for m in _moesim_imports(path)} - ALLOWED[part] - {part} - _extra(path)
-        if bad:
-            violations.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
-    assert not violations, violations
+        rel = path.relative_to(PACKAGE).with_suffix("").parts
+        part = rel[0]
+        for module in _moesim_imports(path):
+            if module[0] == part:
+                continue
+            entry = "base" if module[0] in BASE and part not in BASE else module[0]
+            if part in SIDE_BY_SIDE and module[0] in SIDE_BY_SIDE:
+                importer, entry = f"{part}/{rel[1]}", "/".join(module[:3])
+            else:
+                importer = part
+            found.setdefault(importer, {}).setdefault(entry, []).append(str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_import_across_parts_is_in_the_map() -> None:
+    """The map lists exactly the imports across parts the code makes (function-level ones too)."""
+    rows, found = _map_rows(), _imports_across_parts()
+    parts = {_part(p) for p in _files()} - {"__init__"}
+    assert parts <= set(rows), f"docs/architecture.md: no row for {sorted(parts - set(rows))} in 'Imports across parts'"
+    missing = [
+        f"{files[0]} imports {entry}: not in docs/architecture.md's row of {importer}"
+        for importer, entries in found.items()
+        for entry, files in entries.items()
+        if not any(entry == e or entry.startswith(e + "/") for e in rows.get(importer, set()))
+    ]
+    assert not missing, missing
+    unused = [
+        f"docs/architecture.md: {importer} lists {e}, which no import uses"
+        for importer, entries in rows.items()
+        for e in entries
+        if not any(entry == e or entry.startswith(e + "/") for entry in found.get(importer, {}))
+    ]
+    assert not unused, unused
+
+
+def test_the_map_only_goes_down() -> None:
+    """A part imports only lower floors (base modules: each other); beside each other only
+    subpackages, in one direction."""
+    rows = _map_rows()
+    for importer, entries in rows.items():
+        part = importer.split("/")[0]
+        for entry in entries:
+            target = entry.split("/")[0]
+            if target == "base":
+                assert FLOOR[part] > 0, (importer, entry)
+            elif "/" in importer:
+                assert part in SIDE_BY_SIDE and target in SIDE_BY_SIDE - {part}, (importer, entry)
+            else:
+                assert FLOOR[target] < FLOOR[part] or FLOOR[part] == 0 == FLOOR[target], (importer, entry)
+    sideways = {(i.split("/")[0], e.split("/")[0]) for i, entries in rows.items() if "/" in i for e in entries}
+    assert not any((b, a) in sideways for a, b in sideways), sideways
+
+
+def test_no_import_loops() -> None:
+    """No module imports (at any depth, inside functions too) a module that imports it back, directly
+    or through others; imports for type checking only are left out."""
+    modules = {tuple(p.relative_to(PACKAGE).with_suffix("").parts): p for p in _files()}
+    names = {(m[:-1] if m[-1] == "__init__" else m): m for m in modules}
+    graph = {m: {names[t] for t in _moesim_imports(path, typing_only=False) if t in names} - {m} for m, path in modules.items()}
+    loops = []
+    for start in graph:
+        seen, frontier = set(), set(graph[start])
+        while frontier:
+            seen |= frontier
+            frontier = {t for m in frontier for t in graph[m]} - seen
+        if start in seen:
+            loops.append(".".join(start))
+    assert not loops, f"modules on an import loop: {sorted(loops)}"
 
 
 def test_subpackages_import_only_their_floors_and_below() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_server
 
 from moesim import cache
 from moesim.hw_profiles import builtin, load_profile
@@ -27,7 +28,6 @@ from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.policies import Static
 from moesim.sim.serving.scheduler import Scheduling
-from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
 from moesim.tracegen.routing.synth import Sticky, synthesize
 
@@ -162,7 +162,7 @@ def _record(tables_on_disk: bool) -> tuple:
     if tables_on_disk:  # every size of the run already has tables: each is looked up from its first pass
         assert model.pass_tables.seen[24] == model.pass_tables.after - 1
     cost = TraceBatchCost(model, TRACE, make_drafter("ngram", QWEN3))
-    server = Server(
+    server = make_server(
         cost=cost,
         policy=Static(k=2),
         acceptance=Geometric(alpha=0.7),
@@ -170,7 +170,6 @@ def _record(tables_on_disk: bool) -> tuple:
         arrivals=Arrivals(concurrency=8),
         max_batch=8,
         requests=24,
-        duration_us=0.0,
         seed=0,
         windows=WINDOWS,
         scheduling=Scheduling(),

@@ -15,7 +15,7 @@ from moesim.hw_profiles.dispatch import Dispatch, DispatchRule
 from moesim.hw_profiles.schema import profile_from_dict, profile_to_toml, read_profile
 from moesim.kernels.features import RoutingFeatures
 from moesim.models import load_preset
-from moesim.sim.cost.steptime import StepTimeModel, default_engine
+from moesim.sim.cost.steptime import StepTimeModel, default_family
 
 
 def _reference(rules: list[DispatchRule], fmt: str, n: int, experts: int, top_k: int) -> str | None:
@@ -76,7 +76,7 @@ def test_dispatch_round_trips_and_the_engine_follows_it(tmp_path: Path) -> None:
     profile = read_profile(path)
     assert profile.partial and profile.dispatch is not None and profile.dispatch.families == ("per_slot", "dedup_grouped_gemm")
     assert profile_to_toml(profile) == path.read_text()
-    assert default_engine(profile) == "dispatch" and default_engine(load_profile("nvidia-h200")) == "per_slot"
+    assert default_family(profile) == "dispatch" and default_family(load_profile("nvidia-h200")) == "per_slot"
     preset = load_preset("deepseek-v2-lite")
     n = np.arange(1, 17, dtype=float)[:, None]
     u = np.minimum(n * 6, 64.0) * np.ones((1, len(preset.moe_layers)))

@@ -1,17 +1,16 @@
 """The fuzz suite of issue 15: hypothesis corrupts every input kind (presets, Hugging Face
 config.json, trace and speculative-run metadata, generator parameters, profiles, measurement
 tables, simulation and sweep configs). Most cases go through each kind's boundary in-process;
-a sample runs through the CLI in-process and a smaller one in subprocesses (the exit code, stderr
-and the files a real process leaves). Each must succeed, or exit 2 with one line naming the file;
-never a traceback; no file changed but the declared output; no temporary left. The counts are
-deterministic (derandomised: CI replays the same cases); bench/fuzz_inputs.py runs more, at random."""
+a sample runs through the CLI in-process and a smaller one in processes of their own (the exit
+code, stderr and the files a real process leaves; tests/processes.py). Each must succeed, or exit 2
+with one line naming the file; never a traceback; no file changed but the declared output; no
+temporary left. The counts are deterministic (derandomised: CI replays the same cases);
+bench/fuzz_inputs.py runs more, at random."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -42,13 +41,14 @@ from fuzz_surfaces import (
 from fuzzing import Kind, check_boundary, corrupted, corrupted_table, kinds, snapshot, to_toml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from processes import run_moesim
 
 from moesim.cli import main
 from moesim.errors import MoesimError
 from moesim.models import load_preset
 from moesim.sim.serving.config import load_config as load_simulation
 
-# cases per kind through the boundary in-process (11,000 in all), through the CLI in-process, in subprocesses
+# cases per kind through the boundary in-process (11,400 in all), through the CLI in-process, in subprocesses
 QUOTA = {
     "preset": 1800,
     "hf-config": 1800,
@@ -59,6 +59,7 @@ QUOTA = {
     "measurements": 400,
     "simulation": 1400,
     "sweep": 1000,
+    "plan": 400,
 }
 CLI_QUOTA, SUBPROCESS_QUOTA = 8, 1
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
@@ -128,9 +129,7 @@ def test_corrupted_inputs_in_a_subprocess(tmp_path: Path, name: str) -> None:
     def case(doc: object) -> None:
         kind.write(tmp_path / kind.file, doc)
         before = snapshot(tmp_path)
-        run = subprocess.run(
-            [sys.executable, "-m", "moesim", *_command(kind, tmp_path)], capture_output=True, text=True, env=env, timeout=300
-        )
+        run = run_moesim(_command(kind, tmp_path), env=env)
         _check_run(kind, tmp_path, run.returncode, run.stderr, before)
 
     case()

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import make_server
 
 from moesim.fields import FieldError
 from moesim.hw_profiles import family_kernel, load_profile
@@ -29,7 +30,6 @@ from moesim.sim.serving.lane import exact_delays
 from moesim.sim.serving.memory import MemorySection, kv_budget
 from moesim.sim.serving.policies import Static
 from moesim.sim.serving.scheduler import Scheduling
-from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
 from moesim.tracegen.routing.synth import Sticky, synthesize
 
@@ -116,13 +116,12 @@ def _records(lane: bool, cost: object, scheduling: Scheduling, **changes: object
         arrivals=Arrivals(concurrency=8),
         max_batch=8,
         requests=30,
-        duration_us=0.0,
         seed=0,
         windows=WINDOWS,
         scheduling=scheduling,
     )
     args.update(changes)
-    server = Server(cost=cost, lane=lane, **args)  # type: ignore[arg-type]
+    server = make_server(cost=cost, lane=lane, **args)  # type: ignore[arg-type]
     record = server.run()
     assert (server.lane is not None) == lane
     columns = {}
@@ -212,10 +211,10 @@ def test_the_lane_runs_admissions_and_prefills_itself(case: str) -> None:
     iteration: admissions, chunks, finishes and arrivals included (the Python loop only where a
     pass size reaches its tables)."""
     scheduling, changes = CASES[case]
-    server = Server(
+    server = make_server(
         cost=_cost("nvidia-h200-vllm", "dispatch", True), policy=Static(k=3), acceptance=Geometric(alpha=0.7),
         workload=Workload(prompt_tokens=100, output_tokens=60), arrivals=Arrivals(concurrency=8), max_batch=8, requests=60,
-        duration_us=0.0, seed=0, windows=WINDOWS, scheduling=scheduling, **changes,
+        seed=0, windows=WINDOWS, scheduling=scheduling, **changes,
     )  # fmt: skip
     record = server.run()
     assert server.lane is not None
@@ -224,9 +223,9 @@ def test_the_lane_runs_admissions_and_prefills_itself(case: str) -> None:
 
 
 def test_adaptive_policies_keep_the_python_loop() -> None:
-    server = Server(
+    server = make_server(
         cost=_cost("nvidia-h200", "best", True), policy=Cascade(), acceptance=Geometric(alpha=0.7), workload=Workload(10, 50),
-        arrivals=Arrivals(concurrency=2), max_batch=2, requests=2, duration_us=0.0, seed=0, windows=WINDOWS,
+        arrivals=Arrivals(concurrency=2), max_batch=2, requests=2, seed=0, windows=WINDOWS,
     )  # fmt: skip
     assert server.lane is None
 
@@ -279,10 +278,10 @@ def test_the_lane_runs_open_loops_and_preemptions_itself(kind: str, preemption: 
     profile: the lane runs nearly every iteration, preemptions and swaps included."""
     link = LinkSpec("test", "test link", 1.0, 1.0, "assumed", "a host link of 1 GB/s and 1 µs (swap preemption)")
     budget = dataclasses.replace(BUDGET, pages=40, block_tokens=16, preemption=preemption, host_link=link)
-    server = Server(
+    server = make_server(
         cost=_cost("nvidia-h200-vllm", "dispatch", True), policy=Static(k=3), acceptance=Geometric(alpha=0.7),
         workload=Workload(prompt_tokens=100, output_tokens=60), arrivals=Arrivals(kind=kind, rate_per_s=300.0, cv=3.0), max_batch=8,
-        requests=80, duration_us=0.0, seed=0, windows=WINDOWS, scheduling=Scheduling(budget, chunked_prefill=True, token_budget=128),
+        requests=80, seed=0, windows=WINDOWS, scheduling=Scheduling(budget, chunked_prefill=True, token_budget=128),
     )  # fmt: skip
     record = server.run()
     assert server.lane is not None and record.preempted is not None and record.swap_us is not None
@@ -304,10 +303,10 @@ def test_replayed_arrivals_arrive_at_the_files_times(tmp_path: Path) -> None:
     path = tmp_path / "arrivals.parquet"
     pl.DataFrame({"arrival_us": times}).write_parquet(path)
     for lane in (True, False):
-        server = Server(
+        server = make_server(
             cost=TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 300)]), draft_step_us=30.0), policy=Static(k=3),
             acceptance=Geometric(alpha=0.7), workload=Workload(prompt_tokens=10, output_tokens=20),
-            arrivals=Arrivals(kind="replay", file=path), max_batch=4, requests=100, duration_us=0.0, seed=0, lane=lane,
+            arrivals=Arrivals(kind="replay", file=path), max_batch=4, requests=100, seed=0, lane=lane,
         )  # fmt: skip
         record = server.run()
         assert [r.arrival_us for r in record.requests] == times  # every row, then no more requests

@@ -119,3 +119,28 @@ def test_a_failing_engine_is_dropped_and_recorded(monkeypatch: pytest.MonkeyPatc
     assert {row["engine"] for row in result.rows} == {"torch_grouped_mm"} and len(result.rows) == 2 * len(ROUTINGS)
     (failure,) = result.provenance["failures"]
     assert failure["engine"] == "missing_op" and failure["error"].startswith("AttributeError")
+
+
+def test_a_plan_measures_exactly_the_rows_its_dry_run_lists(tmp_path: Path) -> None:
+    """`--plan`: each planned pass with the engines of its family, at the plan's U and M, in the
+    plan's weight format; the rows measured are the rows the dry run lists."""
+    from moesim.hw_profiles.microbench.plan import PLAN_FORMAT, Plan, PlannedPass
+    from moesim.hw_profiles.microbench.torch_cuda import torch_plan_rows
+
+    shape = {"model": "tiny", "hidden": 64, "expert_intermediate": 32, "experts": 8, "top_k": 2, "weight_format": "F32"}
+    passes = (
+        PlannedPass(**shape, family="per_slot", n_tokens=3, distinct_experts=4, max_tokens_per_expert=3, time_share=0.4),
+        PlannedPass(**shape, family="dedup", n_tokens=5, distinct_experts=7, max_tokens_per_expert=2, rung="extrapolated"),
+    )
+    plan = Plan(format=PLAN_FORMAT, passes=passes)
+    config = TorchBenchConfig(reps=2, loop_reps=1, warmup=0, layers=1, device="cpu", seed=3)
+    result = run_torch_microbench(config, [], plan=plan)
+    listed, notes = torch_plan_rows(config, plan)
+    assert notes == [] and not result.provenance["failures"]
+    key = ("engine", "kernel", "n_tokens", "distinct_experts", "max_tokens_per_expert")
+    assert [tuple(r[k] for k in key) for r in result.rows] == [tuple(r[k] for k in key) for r in listed]
+    assert [r["engine"] for r in result.rows] == ["torch_slot_graph", "torch_expert_graph"]
+    assert {(r["routing"], r["dtype"]) for r in result.rows} == {("planned", "f32")}
+    assert [r["plan_rung"] for r in result.rows] == ["fitted", "extrapolated"]
+    table = load_measurements(write_measurements(result.rows, tmp_path / "planned", result.provenance))
+    assert table.height == 2 and result.provenance["plan"]["passes"] == 2

@@ -66,6 +66,8 @@ def runs(profile: str, fmt: str | None, accept_run: Path) -> list[list[str]]:
         ["predict", *base, "--max-pass", "3", "--json", *family, "--expert-parallel", "4", *link, "--all-reduce", "auto"],
         ["predict", *base, "--pass-sizes", "1,4", "--tensor-parallel", "2", *link, "--context-tokens", "256",
          "--model", "deepseek-v2-lite", "--batch", "4"],
+        ["predict", *base, "--max-pass", "2", "--tensor-parallel", "2", *link, "--out", str(accept_run.parent / f"plan-{profile}"),
+         "--force"],
         ["best-draft", *base, "--alpha", "0.6", "--batch", "4", "--verdict", "--max-draft", "2"],
         ["best-draft", *base, "--drafter", TREE, "--alpha", "0.7", "--max-draft", "2", "--json", "--verdict", "--batch", "2"],
         ["best-draft", *base, "--drafter", "qwen3-0.6b", "--accept-len", "2.2@2", "--depth-rates", "0.8,0.6", "--max-draft", "2",

@@ -179,8 +179,8 @@ def test_a_study_replaces_only_moesims_stale_files(tmp_path: Path, cli) -> None:
     (out / "keep.md").write_text("mine")
     code, _, err = cli("simulate", study, "--out", out)
     assert code == 0, err
-    assert set(output_files(out)) == {"study.arrow", "study.csv"}  # the run's files were moesim's: removed
-    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "keep.md", "study.arrow", "study.csv"])
+    assert set(output_files(out)) == {"study.arrow", "study.csv", "config.toml"}  # the run's files were moesim's: removed
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, "keep.md", "study.arrow", "study.csv", "config.toml"])
 
 
 @pytest.mark.parametrize("out", ["/proc/moesim-x.arrow", "/sys/moesim-x.arrow", "x" * 300 + ".arrow"])

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import make_server
 
 from moesim.fields import FieldError
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.cascade import Cascade
-from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, Workload
 
 BASE_US = 1000.0
@@ -190,7 +190,7 @@ def test_validation() -> None:
 
 
 def run_server(policy: Cascade, cost: TablePassCost, alpha: float, output: int = 600):  # type: ignore[no-untyped-def]
-    server = Server(
+    server = make_server(
         cost=cost,
         policy=policy,
         acceptance=Geometric(alpha=alpha),
@@ -198,7 +198,6 @@ def run_server(policy: Cascade, cost: TablePassCost, alpha: float, output: int =
         arrivals=Arrivals(),
         max_batch=1,
         requests=1,
-        duration_us=0.0,
         seed=3,
     )
     return server.run()

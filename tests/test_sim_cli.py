@@ -87,8 +87,8 @@ BAD = [
     (("output_tokens = 120", "output_tokens = 0"), "workload.output_tokens", "got 0"),
     (('kind = "table"', 'kind = "steptime"'), "target.model", "required"),
     (
-        ("[acceptance]", '[target]\nmodel = "olmoe-1b-7b"\nprofile = "nvidia-h200"\nengine = "dedup9"\n\n[acceptance]'),
-        "target.engine",
+        ("[acceptance]", '[target]\nmodel = "olmoe-1b-7b"\nprofile = "nvidia-h200"\nfamily = "dedup9"\n\n[acceptance]'),
+        "target.family",
         "dedup9",
     ),
     (("[acceptance]", '[target]\nmodel = "olmoe-1b-7b"\nprofile = "no-such-gpu"\n\n[acceptance]'), "target.profile", "no-such-gpu"),
@@ -132,7 +132,7 @@ seqs = 4
 [target]
 model = "olmoe-1b-7b"
 profile = "nvidia-h100-sxm-vllm"
-engine = "best"
+family = "best"
 
 [drafter]
 kind = "preset"
@@ -158,7 +158,7 @@ SERVING_BAD = [
     (("token_budget = 64", "token_budget = 4"), "batching.token_budget", "must be >= max_batch"),
     (("pages = 60", "pages = -1"), "memory.pages", "got -1"),
     (("pages = 60", 'pages = 60\npreemption = "swap"\nutilization = 1.5'), "memory.utilization", "got 1.5"),
-    (('engine = "best"', 'engine = "best"\ndevice = "tpu-v9"'), "target.device", "unknown device 'tpu-v9'"),
+    (('family = "best"', 'family = "best"\ndevice = "tpu-v9"'), "target.device", "unknown device 'tpu-v9'"),
 ]
 
 
@@ -173,6 +173,24 @@ def test_invalid_config_exits_2_naming_the_key(cli, tmp_path: Path, base: str, c
     code, _, err = cli("simulate", config, "--out", out)
     assert_one_line_error(code, err, f"'{key}'", fragment, str(config))
     assert not out.exists()
+
+
+def test_the_old_target_engine_key_still_runs_with_a_note(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """target.engine is target.family's old name: the same outputs, one note on stderr; both at once is one line."""
+    target = '[target]\nmodel = "olmoe-1b-7b"\nprofile = "nvidia-h200"\n{}\n\n[acceptance]'
+    outputs = {}
+    for key in ("engine", "family"):
+        config = write_config(tmp_path, BASE.replace("[acceptance]", target.format(f'{key} = "dedup"')), f"{key}.toml")
+        code, _, err = cli("simulate", config, "--out", tmp_path / key)
+        assert code == 0, err
+        noted = [line for line in err.splitlines() if "target.engine is now target.family" in line]
+        assert len(noted) == (key == "engine"), err
+        outputs[key] = [(tmp_path / key / name).read_bytes() for name in ("requests.arrow", "iterations.arrow", "summary.json")]
+    assert outputs["engine"] == outputs["family"]
+    both = write_config(tmp_path, BASE.replace("[acceptance]", target.format('engine = "dedup"\nfamily = "dedup"')), "both.toml")
+    code, _, err = cli("simulate", both, "--out", tmp_path / "both")
+    assert_one_line_error(code, err, "'target.engine'", "give 'target.family' only")
+    assert not (tmp_path / "both").exists()
 
 
 def test_weights_that_do_not_fit_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_server
 
 from moesim.errors import ConfigError
 from moesim.hw_profiles.catalog import catalog, link_spec
@@ -21,7 +22,6 @@ from moesim.sim.serving.config import config_from_dict
 from moesim.sim.serving.memory import KVBudget, MemorySection, kv_budget
 from moesim.sim.serving.policies import Static
 from moesim.sim.serving.scheduler import Scheduling
-from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, Workload
 
 TABLE = TablePassCost(np.array([900.0 + 40.0 * n for n in range(1, 400)]), draft_step_us=20.0, prefill_us_per_token=2.0)
@@ -224,7 +224,7 @@ def reference(**case):  # type: ignore[no-untyped-def]
 def run_server(rows, requests, concurrency, max_batch, k, alpha, seed, pages, block, chunked, budget, preemption):  # type: ignore[no-untyped-def]
     kv = KVBudget(pages, block, preemption, page_bytes=SWAP_US_PER_PAGE * 1e3, host_link=_link())
     workload = Workload(prompt_tokens=rows[0][0], output_tokens=rows[0][1]) if len(rows) == 1 else _file_workload(rows)
-    server = Server(
+    server = make_server(
         cost=TABLE,
         policy=Static(k=k),
         acceptance=Geometric(alpha=alpha),
@@ -232,7 +232,6 @@ def run_server(rows, requests, concurrency, max_batch, k, alpha, seed, pages, bl
         arrivals=Arrivals(concurrency=concurrency),
         max_batch=max_batch,
         requests=requests,
-        duration_us=0.0,
         seed=seed,
         scheduling=Scheduling(kv, chunked, budget),
     )

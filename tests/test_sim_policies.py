@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import make_server
 
 from moesim.fields import FieldError
 from moesim.sim.analysis.speculation import best_draft, relative_cost
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.policies import Oracle, Static
-from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, Workload
 
 
 def run(policy, cost: TablePassCost, alpha: float, output: int = 3000, requests: int = 1, max_batch: int = 1):  # type: ignore[no-untyped-def]
-    server = Server(
+    server = make_server(
         cost=cost,
         policy=policy,
         acceptance=Geometric(alpha=alpha),
@@ -23,7 +23,6 @@ def run(policy, cost: TablePassCost, alpha: float, output: int = 3000, requests:
         arrivals=Arrivals(concurrency=max_batch),
         max_batch=max_batch,
         requests=requests,
-        duration_us=0.0,
         seed=3,
     )
     return server.run()

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_server
 
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.serving.acceptance import Recorded
 from moesim.sim.serving.policies import Static
-from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tracegen.formats.specrun import read_spec_run
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec, build_draft_model, build_tiny_model
@@ -42,7 +42,7 @@ def test_recorded_run_file_replays_its_steps(run_file: Path) -> None:
     # a static run at the recorded draft length walks the recorded steps exactly
     for rid in range(2):
         counts = per_seq[rid]
-        server = Server(
+        server = make_server(
             cost=TablePassCost(np.array([100.0, 120.0, 140.0, 160.0])),
             policy=Static(k=DRAFT_LEN),
             acceptance=model,
@@ -50,7 +50,6 @@ def test_recorded_run_file_replays_its_steps(run_file: Path) -> None:
             arrivals=Arrivals(),
             max_batch=1,
             requests=rid + 1,
-            duration_us=0.0,
             seed=0,
         )
         record = server.run()

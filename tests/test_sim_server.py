@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import make_server
 
 from moesim.models import load_preset
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.policies import Off, Policy, Static
-from moesim.sim.serving.server import Server
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
 from moesim.tracegen.routing.synth import Uniform, synthesize
 
@@ -17,7 +17,7 @@ TABLE = TablePassCost(np.array([1000.0 + 120.0 * n for n in range(1, 80)]), draf
 
 
 def run(policy: Policy, *, alpha: float = 0.6, requests: int = 6, max_batch: int = 1, workload: Workload | None = None, **kw):  # type: ignore[no-untyped-def]
-    server = Server(
+    server = make_server(
         cost=kw.pop("cost", TABLE),
         policy=policy,
         acceptance=kw.pop("acceptance", Geometric(alpha=alpha)),

@@ -96,9 +96,9 @@ def test_target_engine_defaults_to_the_engines_dispatch_on_an_engine_profile(pro
         "policy": {"name": "off"},
     }
     config = config_from_dict(data, "test", Path("."))
-    assert config.target.engine is engine
+    assert config.target.family is engine
     cost = build_cost(config, load_trace(config, "olmoe-1b-7b"))
-    assert cost.model.engine == expected  # type: ignore[attr-defined]
+    assert cost.model.family == expected  # type: ignore[attr-defined]
 
 
 def test_dispatch_engine_on_a_profile_without_dispatch_names_the_key() -> None:
@@ -108,10 +108,10 @@ def test_dispatch_engine_on_a_profile_without_dispatch_names_the_key() -> None:
         "run": {"seed": 3, "requests": 1},
         "workload": {"prompt_tokens": PROMPT, "output_tokens": OUTPUT},
         "trace": {"synth": "mixture", "tokens": 300, "seqs": 1, "seed": 1},
-        "target": {"model": "olmoe-1b-7b", "profile": "nvidia-h200", "engine": "dispatch"},
+        "target": {"model": "olmoe-1b-7b", "profile": "nvidia-h200", "family": "dispatch"},
         "cost": {"kind": "steptime"},
         "acceptance": {"model": "geometric", "alpha": 0.7},
         "policy": {"name": "off"},
     }
-    with pytest.raises(ConfigError, match=r"target\.engine.*no \[dispatch\] table"):
+    with pytest.raises(ConfigError, match=r"target\.family.*no \[dispatch\] table"):
         config_from_dict(data, "test", Path("."))

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, assert_one_line_error
 
 from moesim.errors import ConfigError
+from moesim.fields import FieldError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.builtin import with_spec_path
 from moesim.hw_profiles.provenance import Provenance
@@ -21,7 +22,7 @@ from moesim.hw_profiles.speculative import SpecPath
 from moesim.models import load_preset
 from moesim.sim.analysis.best_draft import best_draft_analysis
 from moesim.sim.analysis.scenario import Scenario, load_scenario
-from moesim.sim.cost.drafters import draft_us, make_drafter
+from moesim.sim.cost.drafters import DenseModelDrafter, DrafterSection, draft_us, make_drafter, parse_drafter
 from moesim.sim.engine.builtin import write_spec_paths
 from moesim.sim.validate.spec_runs import RunCosts, fit_terms, held_out
 from moesim.tracegen.formats.trace import write_trace
@@ -109,6 +110,43 @@ def test_a_separate_draft_model_on_another_device_and_moe_drafts() -> None:
 def test_bad_drafter_specs_are_one_line(spec: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         make_drafter(spec, QWEN3)
+
+
+SPELLINGS = [
+    ({"kind": "preset", "model": "qwen3-0.6b"}, "qwen3-0.6b"),
+    ({"kind": "preset", "model": "olmoe-1b-7b"}, "preset:olmoe-1b-7b"),
+    ({"kind": "preset:eagle-head"}, "preset:eagle-head"),
+    ({"kind": "fixed", "time_us": 5.0}, "fixed:5.0"),
+    ({"kind": "eagle-head"}, "eagle"),
+    ({"kind": "eagle3:32000,topk=4,tokens=8"}, "eagle3:32000,topk=4,tokens=8"),
+    ({"kind": "eagle3", "argument": "full", "tree": "topk=2,tokens=4"}, "eagle3:full,topk=2,tokens=4"),
+    ({"kind": "mtp", "tree": "paths=[[0],[0,0],[1]]"}, "mtp,paths=[[0],[0,0],[1]]"),
+    ({"kind": "ngram", "time_us": 30.0}, "ngram:30.0"),
+    ({"kind": "suffix:12.5"}, "suffix:12.5"),
+    ({"kind": "dflash:3"}, "dflash:3"),
+    ({"kind": "qwen3-0.6b,device=nvidia-rtx-4090-llamacpp"}, "qwen3-0.6b,device=nvidia-rtx-4090-llamacpp"),
+]
+
+
+@pytest.mark.parametrize(("table", "spec"), SPELLINGS)
+def test_a_drafter_table_and_its_spec_are_one_section(table: dict[str, object], spec: str) -> None:
+    """The [drafter] table (old spellings too) and the command line's spec parse to the same typed
+    section, which prints back as the spec."""
+    section = DrafterSection(**table)  # type: ignore[arg-type]
+    assert section == parse_drafter(spec) and section.spec() == spec and parse_drafter(section.spec()) == section
+    assert type(section.make(QWEN3)).__name__ == type(make_drafter(spec, QWEN3)).__name__
+
+
+def test_old_spellings_make_the_drafters_they_made() -> None:
+    """The spellings the sweep translated ('fixed:US', a preset name) and a [drafter] table's give the same drafter."""
+    assert parse_drafter("fixed:5") == DrafterSection(kind="fixed", time_us=5.0)
+    assert make_drafter("fixed:5", QWEN3).step_us(1, 1, 0.0, lambda b, f: 0.0) == 5.0
+    assert parse_drafter("eagle") == DrafterSection(kind="eagle") and parse_drafter("ngram") == DrafterSection()
+    assert DrafterSection(kind="preset", model="qwen3-0.6b").make(QWEN3) == DenseModelDrafter(load_preset("qwen3-0.6b"))
+    with pytest.raises(FieldError, match="give it in one place"):
+        DrafterSection(kind="fixed:5", time_us=6.0)
+    with pytest.raises(FieldError, match="applies to preset"):
+        DrafterSection(kind="ngram", model="qwen3-0.6b")
 
 
 def spec_path(**terms: float) -> SpecPath:

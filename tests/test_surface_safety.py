@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import typer
 from conftest import DATA, REPO, assert_one_line_error
+from processes import cpu_seconds
 
 from moesim import cache
 from moesim.atomic import MANIFEST, output_files
@@ -269,11 +270,6 @@ def test_a_cache_bound_that_is_no_size_is_one_line(tmp_path: Path, monkeypatch: 
 # ---- SIGTERM ----------------------------------------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _terminate_after(command: list[str], cwd: Path, cpu_s: float, ready: object = None) -> subprocess.CompletedProcess[str]:
     """Run moesim, send SIGTERM once it has worked `cpu_s` CPU seconds (past its imports: in the
     command, whatever the machine's load) or `ready()` holds; its exit code and output."""
@@ -282,7 +278,7 @@ def _terminate_after(command: list[str], cwd: Path, cpu_s: float, ready: object 
     )
     deadline = time.monotonic() + 300
     while process.poll() is None and time.monotonic() < deadline:
-        with_work = _cpu_seconds(process.pid) >= cpu_s
+        with_work = cpu_seconds(process.pid) >= cpu_s
         if with_work and (ready is None or ready()):  # type: ignore[operator]
             break
         time.sleep(0.02)
@@ -311,7 +307,9 @@ def test_sigterm_on_trace_synth_is_one_line_and_exit_143(tmp_path: Path) -> None
     def writing() -> bool:
         return bool(list(tmp_path.glob(".t.arrow.*.part")))
 
-    run = _terminate_after(["trace", "synth", "--model", "deepseek-v3", "--tokens", "1000000", "--out", "t.arrow"], tmp_path, 0.0, writing)
+    # 200,000 tokens: one group of positions (synth.GROUP_POSITIONS), ~6 CPU seconds drawn after the
+    # writer opens, so the signal lands mid-work; 1,000,000 took a minute to reach the handler
+    run = _terminate_after(["trace", "synth", "--model", "deepseek-v3", "--tokens", "200000", "--out", "t.arrow"], tmp_path, 0.0, writing)
     _assert_terminated(run, tmp_path, before)
 
 

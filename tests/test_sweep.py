@@ -195,11 +195,10 @@ def test_sigint_to_the_command_keeps_finished_units(tmp_path: Path) -> None:
     folder = partial_dir(load_config(config_path), out)
     command = [sys.executable, "-m", "moesim", "sweep", str(config_path), "--out", str(out)]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (folder.is_dir() and list(folder.glob("unit-*.parquet"))) and process.poll() is None and time.monotonic() < deadline:
+    while not (folder.is_dir() and list(folder.glob("unit-*.parquet"))) and process.poll() is None:  # however loaded the machine
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C on a terminal: the driver and its workers
-    _, err = process.communicate(timeout=120)
+    _, err = process.communicate(timeout=300)
     assert process.returncode == 130, err
     kept = len(list(folder.glob("unit-*.parquet")))
     assert f"interrupted: {kept} of 12 units kept in" in err and "run the same command again to resume" in err
@@ -214,9 +213,7 @@ def test_ray_executor_gives_the_same_bytes(tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'moesim[ray]')")
     config = load_config(write_config(tmp_path, BASE))
     local = run_sweep(config, tmp_path / "local.parquet")
-    start = time.perf_counter()
-    remote = run_sweep(config, tmp_path / "ray.parquet", executor="ray", workers=2)
-    assert time.perf_counter() - start < 90
+    remote = run_sweep(config, tmp_path / "ray.parquet", executor="ray", workers=2)  # its time: bench/bench_ray_sweep.py
     assert remote.out.read_bytes() == local.out.read_bytes()
 
 

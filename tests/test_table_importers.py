@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, assert_one_line_error
 
 from moesim.errors import InputError
-from moesim.hw_profiles.importers import IMPORTERS, ImportOptions, import_table, parse_rows
+from moesim.hw_profiles.importers import TABLE_FORMATS, ImportOptions, import_table, parse_rows
 
 PUBLIC = REPO / "data" / "public-bench" / "moe_pass_times.csv"
 
@@ -46,7 +46,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_every_format_is_registered_once() -> None:
-    assert IMPORTERS.names() == ["public-bench", "llama-bench-csv", "llama-bench-json", "llama-bench-jsonl", "llama-batched-bench",
+    assert TABLE_FORMATS.names() == ["public-bench", "llama-bench-csv", "llama-bench-json", "llama-bench-jsonl", "llama-batched-bench",
                                  "benchmark-moe", "test-backend-ops", "llama-bench"]  # fmt: skip
 
 

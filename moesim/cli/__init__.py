@@ -1,7 +1,7 @@
 """The `moesim` command line: parses arguments, calls the packages, renders results.
 
 No logic of its own: one module per command group (`trace`, `analysis`, `profile`, `microbench`,
-`simulate`, `validate`, `sweep`, `demo`), rendering in `render`, options generated from config
+`simulate`, `validate`, `sweep`, `demo`, `rerun`), rendering in `render`, options generated from config
 dataclasses and the old spellings of renamed options in `options`. Every MoesimError becomes one
 line on stderr and exit code 2; an operating-system error (a file that cannot be written) one
 line naming the file; Ctrl-C exit code 130 and SIGTERM 143, after the same cleanup, with one
@@ -20,7 +20,7 @@ import typer
 
 from moesim.atomic import inputs_scope
 from moesim.cache import check_settings
-from moesim.cli import analysis, demo, microbench, profile, simulate, sweep, trace, validate
+from moesim.cli import analysis, demo, microbench, profile, rerun, simulate, sweep, trace, validate
 from moesim.cli.options import Stopped, guarded, rename_old_spellings
 from moesim.cli.render import line
 from moesim.errors import MoesimError, Terminated, interrupt_code
@@ -42,6 +42,7 @@ app.command("batch")(analysis.batch_command)
 app.command("validate")(validate.validate_command)
 app.command("sweep")(sweep.sweep_command)
 app.command("report")(sweep.report_command)
+app.command("rerun")(rerun.rerun)
 app.add_typer(trace.app, name="trace")
 app.add_typer(profile.app, name="profile")
 app.add_typer(microbench.app, name="microbench")

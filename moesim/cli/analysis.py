@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,7 +10,7 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from moesim.cli.options import config_options, from_options
+from moesim.cli.options import OUT_DIR, ForceOpt, config_options, from_options
 from moesim.cli.render import console, emit_json, print_json, render_table
 from moesim.models import builtin_names
 from moesim.sim.cost.parallel import Devices
@@ -62,6 +63,14 @@ def _scenario(
     return load_scenario(trace, profile, family, model, drafter, weight_format, context, devices)
 
 
+def _written(command: str, scenario: Any) -> Callable[[], dict[str, Any]]:
+    """The run's config (`moesim.cli.rerun`), the family, model and weight format it chose filled in."""
+    from moesim.cli.rerun import command_config
+
+    resolved = {"family": scenario.model.family, "model": scenario.trace.meta.geometry.model, "weight_format": scenario.model.weight_format}
+    return lambda: command_config(command, resolved)
+
+
 def _where(scenario: Any, profile: str) -> str:
     """'profile P' and, over several devices, how the target is split."""
     parallel = scenario.model.parallel
@@ -110,15 +119,34 @@ def predict_command(
     weight_format: FormatOpt = None,
     context_tokens: ContextOpt = 512,
     batch: Annotated[int, typer.Option("--batch", help="Requests in each pass, n tokens each (B > 1: the union of their windows).")] = 1,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Folder to write plan.toml into: the passes priced from fitted or extrapolated rungs (microbench torch --plan)."
+        ),
+        OUT_DIR,
+    ] = None,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
     **options: Any,
 ) -> None:
     """Pass time T(n) per pass size, expected over the trace's windows, with intervals from held-out error."""
+    from moesim.atomic import check_out_dir
+    from moesim.hw_profiles.microbench.plan import write_plan_dir
+    from moesim.sim.analysis.gaps import check_plannable, prediction_plan
     from moesim.sim.analysis.predict import predict
 
+    if out is not None:
+        check_out_dir(out, force)
     scenario = _scenario(trace, profile, family, model, "ngram", weight_format, context_tokens, options)
+    if out is not None:
+        check_plannable(scenario.model, batch)
     result = predict(scenario, max_pass, _sizes(sizes), batch)
-    if emit_json(result, as_json):
+    plan = None
+    if out is not None:
+        plan = prediction_plan(scenario, result, f"predict --trace {trace.name} --profile {Path(profile).name} --family {result.family}")
+        write_plan_dir(out, plan, force)
+    if emit_json(result, as_json, _written("predict", scenario)):
         return
     render_table(
         result.table(),
@@ -127,6 +155,9 @@ def predict_command(
         f"dense ±{100 * result.cost.dense_epsilon:.1f} %; {result.cost.bound_basis}); time rests on: "
         f"{_provenance_line(result.cost.provenance_share())}; expert time by rung: {_provenance_line(result.cost.rung_share())}",
     )
+    if out is not None and plan is not None:
+        share = f"{100 * plan.answer_share:.1f} % of the answer rests on them"
+        console.print(f"wrote {out / 'plan.toml'}: {len(plan.passes)} passes to measure, {share}")
 
 
 @config_options(Devices)
@@ -173,11 +204,11 @@ def best_draft_command(
     result = best_draft_analysis(
         scenario, alpha or [], max_draft, accept_lengths=accept_len, depth_rates=depth_rates, runs=accept_run, batch=batch, verdict=verdict
     )
-    if emit_json(result, as_json):
+    if emit_json(result, as_json, _written("best-draft", scenario)):
         return
     render_table(
         result.table(),
-        title=f"Best draft length, family {scenario.model.engine}, drafter {drafter}, {_where(scenario, profile)}",
+        title=f"Best draft length, family {scenario.model.family}, drafter {drafter}, {_where(scenario, profile)}",
         caption="best_draft_range: the best k over the corners of the error box (ambiguous when it spans several)",
     )
     steps = ", ".join(f"k={k} from α={a:.3f}" for a, k in result.steps)
@@ -260,6 +291,6 @@ def batch_command(
     render_table(
         result.table(),
         title=f"Batch effect at α = {alpha}, k = {draft_len} (verify {result.verify_tokens} tokens per sequence), "
-        f"family {scenario.model.engine}, {_where(scenario, profile)}",
+        f"family {scenario.model.family}, {_where(scenario, profile)}",
         caption="target_efficiency = T(B,1)/T(B,v) (MoESD); speedup = τ(k,α)·T(B,1)/(T_draft + T(B,k+1))",
     )

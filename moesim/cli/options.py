@@ -15,6 +15,7 @@ holding one, not inside an input folder).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -80,13 +81,23 @@ def command_paths(func: Callable[..., Any]) -> tuple[list[str], dict[str, Output
     return inputs, outputs
 
 
+COMMAND_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("command_options", default=None)
+
+
+def command_options() -> dict[str, Any]:
+    """The running command's parameters as parsed, its outputs and --force left out (what it computes from)."""
+    return dict(COMMAND_OPTIONS.get() or {})
+
+
 def guarded(func: F) -> F:
     """The command with its inputs protected and its outputs checked against them before it runs,
-    and Ctrl-C / SIGTERM (after the command's own cleanup) raised as `Stopped`."""
+    its parameters kept for `command_options`, and Ctrl-C / SIGTERM (after the command's own
+    cleanup) raised as `Stopped`."""
     inputs, outputs = command_paths(func)
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
+        COMMAND_OPTIONS.set({k: v for k, v in kwargs.items() if k not in outputs and k != "force"})
         for name in inputs:
             value = kwargs.get(name)
             protect(*(value if isinstance(value, list | tuple) else [value]))

@@ -6,7 +6,7 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,17 +176,24 @@ def line(message: str) -> None:
     err_console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
+def note(notes: Iterable[str]) -> None:
+    """Each note as `moesim: note: ...` on stderr."""
+    for text in notes:
+        line(f"moesim: note: {text}")
+
+
 def warn(warnings: list[str]) -> None:
     """Each warning as `moesim: warning: ...` on stderr."""
     for text in warnings:
         line(f"moesim: warning: {text}")
 
 
-def emit_json(result: Any, as_json: bool) -> bool:
-    """A result's warnings on stderr; with --json its JSON on stdout (True: nothing left to render)."""
+def emit_json(result: Any, as_json: bool, config: Callable[[], dict[str, Any]] | None = None) -> bool:
+    """A result's warnings on stderr; with --json its JSON on stdout, with the run's `config` under
+    "config" when given (True: nothing left to render)."""
     warn(result.warnings)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), **({"config": config()} if config is not None else {})})
     return as_json
 
 

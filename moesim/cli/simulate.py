@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from moesim.cli.options import OUT_DIR, ForceOpt
-from moesim.cli.render import console, err_console, print_json, progress, render_table
+from moesim.cli.render import console, err_console, note, print_json, progress, render_table
 
 
 def simulate(
@@ -23,6 +23,7 @@ def simulate(
     from moesim.sim.serving.run import simulate_to
 
     sim_config = load_config(config)
+    note(sim_config.notes)
     with progress(f"simulating {config.name}", enabled=not as_json and err_console.is_terminal) as update:
         outcome = simulate_to(sim_config, out, lambda fraction: update(fraction, 1.0), force)
     if outcome.study is not None:

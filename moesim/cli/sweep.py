@@ -10,7 +10,7 @@ import typer
 from moesim.atomic import check_out_dir
 from moesim.cli.analysis import JsonOpt
 from moesim.cli.options import OUT_DIR, OUT_FILE, ForceOpt
-from moesim.cli.render import console, interrupted, line, print_json, progress
+from moesim.cli.render import console, interrupted, note, print_json, progress
 from moesim.errors import interrupt_code
 
 
@@ -31,8 +31,7 @@ def sweep_command(
     from moesim.sim.sweep.run import default_out, kept_units, run_sweep
 
     sweep_config = load_config(config)
-    for note in sweep_config.notes:
-        line(f"moesim: note: {note}")
+    note(sweep_config.notes)
     target = out if out is not None else default_out(config)
     total = [0]
 
@@ -76,6 +75,5 @@ def report_command(
 
     check_out_dir(out, force)
     report = write_report(results, out, filters or [], alpha or [], force)
-    for note in report.notes:
-        line(f"moesim: note: {note}")
+    note(report.notes)
     console.print(f"report written to {report.out_dir}/index.html ({len(report.figures)} figures)")

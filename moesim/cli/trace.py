@@ -62,7 +62,8 @@ def trace_synth(
     from moesim.models import load_target
     from moesim.tracegen.formats.schema import TraceGeometry
     from moesim.tracegen.formats.trace import read_trace
-    from moesim.tracegen.routing.synth import DEFAULT_PARAMS, equal_lengths, generator_from_options, is_default_routing, synthesize_to
+    from moesim.tracegen.routing.params import DEFAULT_PARAMS, generator_from_options, is_default_routing
+    from moesim.tracegen.routing.synth import equal_lengths, synthesize_to
 
     if like is not None and (tokens, seqs) != (SYNTH_TOKENS, SYNTH_SEQS):
         raise InputError("--like excludes --tokens and --seqs (it takes the trace's sequence lengths)")

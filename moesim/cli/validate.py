@@ -22,7 +22,13 @@ def validate_command(
     family: Annotated[str | None, typer.Option("--family", help="Kernel family of the speculative runs (default: the only one).")] = None,
     context_tokens: Annotated[int, typer.Option("--context-tokens", help="KV tokens of whole-pass rows that carry no position.")] = 512,
     filters: Annotated[list[str] | None, typer.Option("--filter", help="COL=VALUE: keep matching rows only (repeatable).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Folder to write predictions.parquet into."), OUT_DIR] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Folder to write predictions.parquet and plan.toml (the rows priced from fitted or extrapolated rungs) into."
+        ),
+        OUT_DIR,
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -31,7 +37,9 @@ def validate_command(
     A benchmark's output (llama-bench, llama-batched-bench, benchmark_moe.py: what `profile fit`
     reads), or the measurement table `profile import` made of it, is priced whole pass by whole
     pass by an engine profile's dispatch."""
+    from moesim.cli.rerun import command_config
     from moesim.sim.validate.result import ValidateOptions, check_predictions_dir, validate
+    from moesim.tomlfile import toml_document
 
     if out is not None:
         check_predictions_dir(out, force)
@@ -40,7 +48,7 @@ def validate_command(
         return
     options = ValidateOptions(profile, trace, model, family, context_tokens, tuple(filters or ()))
     result = validate(measured, options)
-    path = result.write(out, force) if out is not None else None
+    path = result.write(out, force, toml_document(command_config("validate", {}))) if out is not None else None
     if emit_json(result, as_json):
         return
     summary = result.to_dict()
@@ -61,7 +69,9 @@ def validate_command(
         for curve in result.speculative:
             console.print(f"best draft length: measured {curve['best_draft_measured']}, predicted {curve['best_draft_predicted']}")
     if path is not None:
-        console.print(f"wrote {path}")
+        plan = result.plan()
+        share = f"{100 * plan.answer_share:.1f} % of the predicted time rests on them"
+        console.print(f"wrote {path} and {path.parent / 'plan.toml'} ({len(plan.passes)} passes to measure, {share})", soft_wrap=True)
 
 
 def _bench_outputs(measured: list[Path]) -> bool:
@@ -87,9 +97,11 @@ def _validate_bench_outputs(
 
     from moesim.atomic import output_dir
     from moesim.cli.render import print_json
+    from moesim.cli.rerun import command_config
     from moesim.hw_profiles import load_profile
     from moesim.hw_profiles.fitting.bench_fit import check_bench_output, check_measurement_table, is_measurement_table
     from moesim.hw_profiles.importers import ImportOptions
+    from moesim.tomlfile import RUN_CONFIG, toml_document
 
     loaded = load_profile(profile)
     checks = [
@@ -113,6 +125,7 @@ def _validate_bench_outputs(
     if out is not None:
         with output_dir(out, force) as staging:
             table.write_parquet(staging / "predictions.parquet")
+            (staging / RUN_CONFIG).write_text(toml_document(command_config("validate", {})))
     if as_json:
         print_json({**summary, "notes": [n for c in checks for n in c.notes], "rows_predicted": table.to_dicts()})
         return

@@ -102,6 +102,15 @@ def with_spec_path(profile: HardwareProfile, spec: SpecPath | None) -> HardwareP
     return dataclasses.replace(profile, speculative=spec, sources={**profile.sources, spec.source_id: spec.provenance})
 
 
+def profile_files(name_or_path: str | os.PathLike[str]) -> list[Path]:
+    """The files a profile is read from: a built-in's TOML and `data/spec_paths.toml` (where there
+    is one), else the path itself."""
+    text = RENAMED_PROFILES.get(str(name_or_path), str(name_or_path))
+    if text in builtin_names():
+        return [profiles_dir() / f"{text}.toml", *([spec_paths_file()] if spec_paths_file().is_file() else [])]
+    return [Path(text)]
+
+
 def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A built-in profile by name (or by the name it had before it became an engine profile), or a
     profile TOML file by path. A built-in without its own `[speculative]` table takes the one of

@@ -96,7 +96,7 @@ def _speculation_section(config: DemoConfig, trace: Trace) -> DemoSection:
             "run": {"seed": config.seed, "requests": 8},
             "workload": {"prompt_tokens": 128, "output_tokens": 256},
             "trace": {"path": config.trace},
-            "target": {"model": config.model, "weight_format": config.weight_format, "profile": "nvidia-h200", "engine": "best"},
+            "target": {"model": config.model, "weight_format": config.weight_format, "profile": "nvidia-h200", "family": "best"},
             "drafter": {"kind": "ngram"},
             "cost": {"kind": "steptime"},
             "acceptance": {"model": "geometric", "alpha": 0.5},

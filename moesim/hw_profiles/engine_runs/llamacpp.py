@@ -21,7 +21,17 @@ import re
 from typing import Any
 
 from moesim.errors import InputError
-from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, SpecRun, json_document, json_lines, number
+from moesim.hw_profiles.engine_runs.rows import (
+    NA,
+    DecodeStep,
+    EngineRows,
+    RunContext,
+    SpecRun,
+    json_document,
+    json_lines,
+    number,
+    rate_run,
+)
 from moesim.hw_profiles.importers.llama_bench import BenchTest, parse_markdown, parse_records
 from moesim.hw_profiles.importers.names import format_in_description
 
@@ -196,19 +206,8 @@ def parse_timings(text: str, where: str, context: RunContext) -> EngineRows:
                 raise InputError(
                     f"{at}: draft acceptance {accepted} accepted / {generated} generated: needs 0 <= accepted <= generated >= 1"
                 )
-            runs.append(
-                SpecRun(
-                    target_model=context.model or NA,
-                    draft=context.draft or NA,
-                    draft_len=context.draft_len,
-                    spec_value=rate,
-                    metric="t/s",
-                    accepted_per_drafted=accepted / generated,
-                    tokens_per_s=rate,
-                    notes=f"llama-server: {accepted} of {generated} drafted tokens accepted",
-                    **shared,
-                )
-            )
+            notes = f"llama-server: {accepted} of {generated} drafted tokens accepted"
+            runs.append(rate_run(context.model or NA, context, rate, accepted / generated, notes, shared))
         prompt_tokens = None
     if not steps and not runs:
         raise InputError(f"{where}: no 'eval time = ... tokens per second' line")
@@ -246,16 +245,8 @@ def _server_row(response: Any, at: str, context: RunContext) -> DecodeStep | Spe
     accepted = number(timings, "draft_n_accepted", at, integer=True, zero=True)
     if accepted > drafted:
         raise InputError(f"{at}: field 'draft_n_accepted' is {accepted}, more than draft_n {drafted}")
-    return SpecRun(
-        target_model=model,
-        draft=context.draft or NA,
-        draft_len=context.draft_len,
-        spec_value=rate,
-        metric="t/s",
-        accepted_per_drafted=accepted / drafted,
-        tokens_per_s=rate,
-        notes=f"llama-server timings: {accepted} of {drafted} drafted tokens accepted",
-        **shared,
+    return rate_run(
+        model, context, rate, accepted / drafted, f"llama-server timings: {accepted} of {drafted} drafted tokens accepted", shared
     )
 
 

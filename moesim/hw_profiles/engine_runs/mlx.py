@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from moesim.errors import InputError
-from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, SpecRun
+from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, rate_run
 
 ENGINE = "MLX-LM"
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
@@ -63,16 +63,7 @@ def parse_generate(text: str, where: str, context: RunContext) -> EngineRows:
         }
         if context.draft or context.draft_len:
             runs.append(
-                SpecRun(
-                    target_model=context.model or NA,
-                    draft=context.draft or NA,
-                    draft_len=context.draft_len,
-                    spec_value=rate,
-                    metric="t/s",
-                    tokens_per_s=rate,
-                    notes="mlx_lm.generate with a draft model (acceptance not printed)",
-                    **shared,
-                )
+                rate_run(context.model or NA, context, rate, None, "mlx_lm.generate with a draft model (acceptance not printed)", shared)
             )
         else:
             steps.append(
@@ -103,12 +94,7 @@ def parse_benchmark(text: str, where: str, context: RunContext) -> EngineRows:
             raise InputError(f"{at}: field 'generation_tps' must be > 0 at batch_size >= 1, got {rate} at {batch}")
         steps.append(
             DecodeStep(
-                source_url=at,
-                engine=ENGINE,
-                engine_version=context.engine_version or NA,
-                device=context.device or NA,
-                model=context.model or NA,
-                dtype=context.dtype or NA,
+                **context.step_fields(at, ENGINE),
                 batch=batch,
                 value=rate,
                 unit="t/s (batch total)" if batch > 1 else "t/s",

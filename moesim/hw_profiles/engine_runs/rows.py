@@ -98,6 +98,17 @@ class RunContext(Checked):
         """This context with every field `other` gives replaced by it."""
         return replace(self, **{f.name: v for f in fields(other) if (v := getattr(other, f.name)) is not None})
 
+    def step_fields(self, source_url: str, engine: str) -> dict[str, str]:
+        """A decode step's source, engine and the context's version, device, model and dtype (NA where not given)."""
+        return {
+            "source_url": source_url,
+            "engine": engine,
+            "engine_version": self.engine_version or NA,
+            "device": self.device or NA,
+            "model": self.model or NA,
+            "dtype": self.dtype or NA,
+        }
+
 
 @dataclass(frozen=True)
 class DecodeStep:
@@ -215,6 +226,23 @@ class SpecRun:
         return {name: cell(getattr(self, name)) for name in SPEC_COLUMNS}
 
 
+def rate_run(
+    target_model: str, context: RunContext, rate: float, accepted_per_drafted: float | None, notes: str, shared: dict[str, Any]
+) -> SpecRun:
+    """A speculative run measured as its generation rate: its value and its tokens/s both the rate (t/s)."""
+    return SpecRun(
+        target_model=target_model,
+        draft=context.draft or NA,
+        draft_len=context.draft_len,
+        spec_value=rate,
+        metric="t/s",
+        accepted_per_drafted=accepted_per_drafted,
+        tokens_per_s=rate,
+        notes=notes,
+        **shared,
+    )
+
+
 def step_us(value: float, unit: str, batch: int, tokens_per_pass: int = 1) -> float | None:
     """Time per forward (µs) of a value in a step unit (the module's table); None for a batch latency."""
     if unit == "t/s":
@@ -320,3 +348,45 @@ def require(value: Any, where: str, field: str, option: str) -> Any:
     if value is None:
         raise InputError(f"{where}: field '{field}' is not in this output: give {option}")
     return value
+
+
+@dataclass(frozen=True)
+class ServingRecord:
+    """What every row of a serving benchmark's record shares: requests, concurrency, batch, mean TPOT, row fields."""
+
+    completed: int
+    concurrency: int | None
+    batch: int
+    tpot_ms: float
+    shared: dict[str, Any]
+
+    @classmethod
+    def read(cls, record: dict[str, Any], where: str, context: RunContext, engine: str) -> ServingRecord:
+        """The record's counts and mean TPOT; batch is the concurrency unless the context gives one."""
+        completed = number(record, "completed", where, integer=True)
+        concurrency = number(record, "max_concurrency", where, integer=True, required=False)
+        batch = require(concurrency or context.batch, where, "max_concurrency", "--batch (or FILE@batch=B)")
+        shared = {
+            "source_url": where,
+            "engine": engine,
+            "engine_version": context.engine_version or NA,
+            "device": context.device or NA,
+            "tp": context.tp or 1,
+            "input_len": round(number(record, "total_input_tokens", where) / completed),
+            "output_len": round(number(record, "total_output_tokens", where) / completed),
+        }
+        return cls(completed, concurrency, batch, number(record, "mean_tpot_ms", where), shared)
+
+    def step(self, tool: str, model: str, context: RunContext) -> DecodeStep:
+        """Plain decoding: the mean time per output token (TPOT ms) at the run's concurrency."""
+        note = f"{tool}: mean TPOT at max_concurrency {self.concurrency or NA}, {self.completed} requests"
+        return DecodeStep(
+            model=model,
+            dtype=context.dtype or NA,
+            batch=self.batch,
+            value=self.tpot_ms,
+            unit="TPOT ms",
+            notes=note,
+            cuda_graphs=context.cuda_graphs or NA,
+            **self.shared,
+        )

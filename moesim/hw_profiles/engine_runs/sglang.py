@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from moesim.errors import InputError
-from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, SpecRun, json_lines, number, require
+from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, ServingRecord, SpecRun, json_lines, number
 
 ENGINE = "SGLang"
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
@@ -45,12 +45,7 @@ def looks_like_serving(text: str) -> bool:
 
 def _step(where: str, context: RunContext, batch: int, median_s: float, input_len: int | None, output_len: int | None) -> DecodeStep:
     return DecodeStep(
-        source_url=where,
-        engine=ENGINE,
-        engine_version=context.engine_version or NA,
-        device=context.device or NA,
-        model=context.model or NA,
-        dtype=context.dtype or NA,
+        **context.step_fields(where, ENGINE),
         batch=batch,
         value=median_s * 1000.0,
         unit="ms per step",
@@ -110,45 +105,23 @@ def parse_one_batch(text: str, where: str, context: RunContext) -> EngineRows:
 
 
 def _serving_row(record: dict[str, Any], at: str, context: RunContext) -> DecodeStep | SpecRun:
-    completed = number(record, "completed", at, integer=True)
-    concurrency = number(record, "max_concurrency", at, integer=True, required=False)
-    batch = require(concurrency or context.batch, at, "max_concurrency", "--batch (or FILE@batch=B)")
-    shared = {
-        "source_url": at,
-        "engine": ENGINE,
-        "engine_version": context.engine_version or NA,
-        "device": context.device or NA,
-        "tp": context.tp or 1,
-        "input_len": round(number(record, "total_input_tokens", at) / completed),
-        "output_len": round(number(record, "total_output_tokens", at) / completed),
-    }
-    tpot_ms = number(record, "mean_tpot_ms", at)
+    serving = ServingRecord.read(record, at, context, ENGINE)
     model = context.model or NA
     accept_length = number(record, "accept_length", at, required=False)
     if accept_length is None:
-        note = f"sglang.bench_serving: mean TPOT at max_concurrency {concurrency or NA}, {completed} requests"
-        return DecodeStep(
-            model=model,
-            dtype=context.dtype or NA,
-            batch=batch,
-            value=tpot_ms,
-            unit="TPOT ms",
-            notes=note,
-            cuda_graphs=context.cuda_graphs or NA,
-            **shared,
-        )
+        return serving.step("sglang.bench_serving", model, context)
     return SpecRun(
         target_model=model,
         draft=context.draft or NA,
         draft_len=context.draft_len,
-        batch=batch,
-        spec_value=tpot_ms,
+        batch=serving.batch,
+        spec_value=serving.tpot_ms,
         metric="TPOT ms",
         mean_accepted_length=accept_length,
         tokens_per_s=number(record, "output_throughput", at, required=False),
-        concurrency=concurrency,
-        notes=f"sglang.bench_serving with speculation: accept_length {accept_length:.4g}, {completed} requests",
-        **shared,
+        concurrency=serving.concurrency,
+        notes=f"sglang.bench_serving with speculation: accept_length {accept_length:.4g}, {serving.completed} requests",
+        **serving.shared,
     )
 
 

@@ -21,6 +21,7 @@ from moesim.hw_profiles.engine_runs.rows import (
     DecodeStep,
     EngineRows,
     RunContext,
+    ServingRecord,
     SpecRun,
     json_document,
     number,
@@ -74,12 +75,7 @@ def parse_latency(text: str, where: str, context: RunContext) -> EngineRows:
         raise InputError(f"{where}: expected a JSON object with avg_latency, got {type(document).__name__}")
     latency_s = number(summary, "avg_latency", where)
     step = DecodeStep(
-        source_url=where,
-        engine=ENGINE,
-        engine_version=context.engine_version or NA,
-        device=context.device or NA,
-        model=context.model or NA,
-        dtype=context.dtype or NA,
+        **context.step_fields(where, ENGINE),
         batch=require(context.batch, where, "batch_size", "--batch (or FILE@batch=B)"),
         value=latency_s,
         unit=LATENCY_UNIT,
@@ -98,49 +94,24 @@ def parse_serve(text: str, where: str, context: RunContext) -> EngineRows:
     record = json_document(text, where)
     if not isinstance(record, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    completed = number(record, "completed", where, integer=True)
-    concurrency = number(record, "max_concurrency", where, integer=True, required=False)
-    batch = require(concurrency or context.batch, where, "max_concurrency", "--batch (or FILE@batch=B)")
-    input_len = round(number(record, "total_input_tokens", where) / completed)
-    output_len = round(number(record, "total_output_tokens", where) / completed)
-    tpot_ms = number(record, "mean_tpot_ms", where)
+    serving = ServingRecord.read(record, where, context, ENGINE)
     model = context.model or str(record.get("model_id") or NA)
-    shared = {
-        "engine": ENGINE,
-        "engine_version": context.engine_version or NA,
-        "device": context.device or NA,
-        "tp": context.tp or 1,
-        "input_len": input_len,
-        "output_len": output_len,
-        "source_url": where,
-    }
     if "spec_decode_acceptance_length" not in record:
-        note = f"vllm bench serve: mean TPOT at max_concurrency {concurrency or NA}, {completed} requests"
-        step = DecodeStep(
-            model=model,
-            dtype=context.dtype or NA,
-            batch=batch,
-            value=tpot_ms,
-            unit="TPOT ms",
-            notes=note,
-            cuda_graphs=context.cuda_graphs or NA,
-            **shared,
-        )
-        return EngineRows(steps=(step,))
+        return EngineRows(steps=(serving.step("vllm bench serve", model, context),))
     drafts = number(record, "spec_decode_num_drafts", where, integer=True)
     drafted = number(record, "spec_decode_draft_tokens", where, integer=True)
     run = SpecRun(
         target_model=model,
         draft=context.draft or NA,
         draft_len=context.draft_len or round(drafted / drafts),
-        batch=batch,
-        spec_value=tpot_ms,
+        batch=serving.batch,
+        spec_value=serving.tpot_ms,
         metric="TPOT ms",
         accepted_per_drafted=number(record, "spec_decode_acceptance_rate", where, zero=True) / 100.0,
         mean_accepted_length=number(record, "spec_decode_acceptance_length", where),
         tokens_per_s=number(record, "output_throughput", where, required=False),
-        concurrency=concurrency,
-        notes=f"vllm bench serve with speculation: {drafts} drafts of {drafted} tokens, {completed} requests",
-        **shared,
+        concurrency=serving.concurrency,
+        notes=f"vllm bench serve with speculation: {drafts} drafts of {drafted} tokens, {serving.completed} requests",
+        **serving.shared,
     )
     return EngineRows(runs=(run,))

@@ -1,6 +1,6 @@
 """Importers of the benchmark tables people publish and run, into measurement tables (contract 3).
 
-One registered class per output format (`IMPORTERS`); `import_table(path)` detects the format
+One registered class per output format (`TABLE_FORMATS`); `import_table(path)` detects the format
 from the file's content (or takes `fmt`), reads every timed test with its scope (one MoE op, or a
 whole pass with its context, passes and output head) and returns the checked table. A table that
 mixes devices, or variants of the same test, is refused: select with filters (`choose_variant`
@@ -71,7 +71,7 @@ class Importer:
         return measurements_frame(measured, str(path), options.filters)
 
 
-IMPORTERS: Registry[Importer] = Registry("table format", InputError)
+TABLE_FORMATS: Registry[Importer] = Registry("table format", InputError)
 
 
 def _needs_device(measured: list[Measured], options: ImportOptions, path: Path, what: str) -> None:
@@ -79,7 +79,7 @@ def _needs_device(measured: list[Measured], options: ImportOptions, path: Path, 
         raise InputError(f"{path}: {what} does not name the device: give --device NAME")
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class PublicBench(Importer):
     """The shared public table (filters on its own columns; row numbers)."""
 
@@ -98,7 +98,7 @@ class PublicBench(Importer):
         return measurements_frame(self.read(path, text, options), str(path))
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class LlamaBenchCsv(Importer):
     """llama-bench -o csv."""
 
@@ -115,7 +115,7 @@ class LlamaBenchCsv(Importer):
         return [m for t in tests if (m := measured_of(t, str(path), options.model, options.weight_format)) is not None]
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class LlamaBenchJson(LlamaBenchCsv):
     """llama-bench -o json."""
 
@@ -127,7 +127,7 @@ class LlamaBenchJson(LlamaBenchCsv):
         return text.lstrip().startswith("[") and '"build_commit"' in text
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class LlamaBenchJsonl(LlamaBenchCsv):
     """llama-bench -o jsonl."""
 
@@ -139,7 +139,7 @@ class LlamaBenchJsonl(LlamaBenchCsv):
         return text.lstrip().startswith("{") and '"build_commit"' in text
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class LlamaBatchedBench(Importer):
     """llama-batched-bench (needs --model, --format and --device)."""
 
@@ -161,7 +161,7 @@ class LlamaBatchedBench(Importer):
         return measured
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class BenchmarkMoe(Importer):
     """vLLM / SGLang benchmark_moe.py in benchmark mode (needs --device)."""
 
@@ -178,7 +178,7 @@ class BenchmarkMoe(Importer):
         return measured
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class BackendOps(Importer):
     """test-backend-ops perf -o MUL_MAT_ID (console or SQL)."""
 
@@ -199,7 +199,7 @@ class BackendOps(Importer):
         return checked_frame(frame, str(path), options.filters)
 
 
-@IMPORTERS.register
+@TABLE_FORMATS.register
 class LlamaBenchMarkdown(Importer):
     """llama-bench's markdown (needs --device unless a `GPU` column names it)."""
 
@@ -238,10 +238,10 @@ def parse_rows(text: str) -> tuple[int, ...]:
 
 def detect_format(path: Path, text: str) -> str:
     """The registered format whose `sniff` recognises the text; one line when none does."""
-    for name in IMPORTERS:
-        if IMPORTERS.create(name).sniff(text):
+    for name in TABLE_FORMATS:
+        if TABLE_FORMATS.create(name).sniff(text):
             return name
-    raise InputError(f"{path}: unknown table layout: not one of {', '.join(IMPORTERS.names())} (give --table-format)")
+    raise InputError(f"{path}: unknown table layout: not one of {', '.join(TABLE_FORMATS.names())} (give --table-format)")
 
 
 def read_text(path: Path) -> str:
@@ -259,7 +259,7 @@ def import_table(path: str | Path, fmt: str | None = None, options: ImportOption
     path = Path(path)
     text = read_text(path)
     name = fmt or detect_format(path, text)
-    return name, IMPORTERS.create(name).frame(path, text, options or ImportOptions())
+    return name, TABLE_FORMATS.create(name).frame(path, text, options or ImportOptions())
 
 
 def choose_variant(path: str | Path, fmt: str | None, options: ImportOptions) -> tuple[ImportOptions, str]:
@@ -274,7 +274,7 @@ def choose_variant(path: str | Path, fmt: str | None, options: ImportOptions) ->
     if name == "public-bench":
         return options, ""
     try:
-        measured = IMPORTERS.create(name).read(path, text, dataclasses.replace(options, filters=()))
+        measured = TABLE_FORMATS.create(name).read(path, text, dataclasses.replace(options, filters=()))
     except NotImplementedError:  # an importer that builds its table without `Measured` rows: one variant
         return options, ""
     seen: dict[tuple[object, ...], set[str]] = {}

@@ -54,11 +54,14 @@ from moesim.errors import ConfigError, InputError
 from moesim.fields import option
 from moesim.hw_profiles.measurements.table import STATISTICS
 from moesim.hw_profiles.microbench.llamacpp_kernels import llamacpp_family
+from moesim.hw_profiles.microbench.plan import Plan, PlannedPass, measured_passes, plan_shapes, planned_rows
 from moesim.hw_profiles.microbench.routing import (
     DEFAULT_PASS_SIZES,
+    PLANNED,
     ROUTINGS,
     pass_features,
     pass_sizes_option,
+    planned_ids,
     routing_ids,
     routing_seed,
     routings_option,
@@ -102,6 +105,7 @@ class LlamaBenchConfig:
     per_slot_max_tokens: int | None = option(None, "Largest pass size run per-slot (default: per backend).")
     statistic: str = option("median", "Per-model statistic differenced: median, or min on a shared machine.")
     seed: int = option(0, "Random seed (weights, routings).")
+    planned: tuple[PlannedPass, ...] = ()  # a plan's passes of this shape (routing `planned`), instead of pass sizes x routings
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -144,6 +148,7 @@ class PassDesign:
     ids: np.ndarray
     tokens: tuple[int, ...]
     features: RoutingFeatures
+    planned: PlannedPass | None = None  # the plan's pass it measures
 
     @property
     def n_tokens(self) -> int:
@@ -157,11 +162,17 @@ def design_passes(config: LlamaBenchConfig) -> tuple[list[PassDesign], list[tupl
     shape = config.shape
     sets: dict[tuple[int, ...], int] = {}
     passes = []
-    for routing in config.routings:
-        for n_tokens in sorted(config.pass_sizes):
+    designs = [(routing, n, None) for routing in config.routings for n in sorted(config.pass_sizes)] if not config.planned else [
+        (PLANNED, p.n_tokens, p) for p in sorted(config.planned, key=lambda p: p.n_tokens)
+    ]  # fmt: skip
+    for routing, n_tokens, planned in designs:
+        if planned is None:
             ids = routing_ids(routing, n_tokens, shape.experts, shape.top_k, routing_seed(config.seed, "llama", routing, n_tokens))
-            tokens = tuple(BYTE_TOKENS_START + sets.setdefault(tuple(sorted(row.tolist())), len(sets)) for row in ids)
-            passes.append(PassDesign(routing, ids, tokens, pass_features(ids, shape.experts)))
+        else:
+            u, m = planned.distinct_experts, planned.max_tokens_per_expert
+            ids = planned_ids(n_tokens, shape.experts, shape.top_k, u, m, routing_seed(config.seed, "llama", routing, n_tokens, u, m))
+        tokens = tuple(BYTE_TOKENS_START + sets.setdefault(tuple(sorted(row.tolist())), len(sets)) for row in ids)
+        passes.append(PassDesign(routing, ids, tokens, pass_features(ids, shape.experts), planned))
     if BYTE_TOKENS_START + len(sets) > MAX_VOCAB:
         raise ConfigError(
             f"llama.cpp microbench: the passes need {len(sets)} distinct expert sets, more than the {MAX_VOCAB - BYTE_TOKENS_START} "
@@ -397,12 +408,18 @@ def run_llamacpp_microbench(
                         "time_us_moe_layer": moe,
                         "time_us_attention_layer": dense,
                         **{f"reps_us_{name}": [r[name] for r in reps] for name in reps[0]},
+                        **_plan_columns(design.planned),
                     },
                 )
             )
             say(f"{where}: {timing.time_us:.0f} us per layer ({time.monotonic() - started:.0f} s)")
     result.provenance = _shape_provenance(config, model_specs(config, token_sets), failures, load_before, started)
     return result
+
+
+def _plan_columns(planned: PlannedPass | None) -> dict[str, Any]:
+    """The plan's rung and share of a planned pass's row (nothing for the other routings)."""
+    return {} if planned is None else {"plan_rung": planned.rung, "plan_time_share": planned.time_share}
 
 
 def _shape_provenance(
@@ -430,14 +447,47 @@ def preset_shapes(models: list[str] | None, weight_format: str, overrides: dict[
     return [MoeShape.from_preset(load_target(m), weight_format).with_overrides(**overrides) for m in models or [DEFAULT_SHAPE.model]]
 
 
+def llamacpp_engines(config: LlamaBenchConfig) -> Callable[[PlannedPass], dict[str, str]]:
+    """llama.cpp's family at a planned pass's size on this backend (its dispatch: `llamacpp_family`)."""
+    backend = llama_backend()
+    return lambda p: {"llama.cpp": llamacpp_family(backend, p.n_tokens, config.per_slot_max_tokens)}
+
+
+def llamacpp_plan_rows(config: LlamaBenchConfig, plan: Plan) -> tuple[list[dict[str, Any]], list[str]]:
+    """What `microbench llama-cpp --plan` measures (`--dry-run` lists it): the passes whose family
+    llama.cpp dispatches at their size, in the builder's formats."""
+    llamacpp_plan_configs(config, plan)
+    return planned_rows(plan, llamacpp_engines(config))
+
+
+def llamacpp_plan_configs(config: LlamaBenchConfig, plan: Plan) -> list[LlamaBenchConfig]:
+    """One config per shape of the plan, its passes those llama.cpp runs in their family."""
+    formats = sorted({p.weight_format.upper() for p in plan.passes} - {"F16", "F32"})
+    if formats:
+        raise InputError(f"plan: weight format {formats[0]} is not one the tiny-model builder writes (F16, F32)")
+    kept = measured_passes(plan, llamacpp_engines(config))
+    configs = []
+    for shape in plan_shapes(kept):
+        passes = tuple(p for p in kept.passes if p.model == shape.model)
+        sizes = tuple(sorted({p.n_tokens for p in passes}))
+        configs.append(replace(config, shape=shape, pass_sizes=sizes, planned=passes))
+    return configs
+
+
 def run_llamacpp_shapes(
     config: LlamaBenchConfig, shapes: list[MoeShape], models_dir: Path | None = None, progress: Callable[[str], None] | None = None
 ) -> LlamaBenchResult:
     """One run per expert shape (its models built, measured and freed in turn), rows concatenated;
     every shape is checked before anything is built."""
+    return run_llamacpp_configs([replace(config, shape=shape) for shape in shapes], models_dir, progress)
+
+
+def run_llamacpp_configs(
+    configs: list[LlamaBenchConfig], models_dir: Path | None = None, progress: Callable[[str], None] | None = None
+) -> LlamaBenchResult:
+    """`run_llamacpp_shapes` of one config per shape (a plan's: `llamacpp_plan_configs`)."""
     import llama_cpp
 
-    configs = [replace(config, shape=shape) for shape in shapes]
     if not configs or len({c.shape.model for c in configs}) < len(configs):
         raise ConfigError("llama.cpp microbench: give one or more distinct model shapes")
     for one in configs:

@@ -39,12 +39,15 @@ import numpy as np
 from moesim.errors import ConfigError, InputError
 from moesim.fields import option
 from moesim.hw_profiles.measurements.table import STATISTICS
+from moesim.hw_profiles.microbench.plan import Plan, PlannedPass, plan_shapes, planned_rows
 from moesim.hw_profiles.microbench.routing import (
     DEFAULT_PASS_SIZES,
+    PLANNED,
     ROUTINGS,
     gate_weights,
     pass_features,
     pass_sizes_option,
+    planned_ids,
     routing_ids,
     routing_seed,
     routings_option,
@@ -278,8 +281,39 @@ def time_twins(shape: MoeShape, config: MlxBenchConfig) -> dict[int, dict[str, l
     return out
 
 
-def run_mlx_microbench(config: MlxBenchConfig, shapes: list[MoeShape], progress: Callable[[str], None] | None = None) -> MlxBenchResult:
-    """Time every (shape, format, pass size, routing, family); rows in the measurement-table layout."""
+def mlx_plan_config(config: MlxBenchConfig, plan: Plan) -> MlxBenchConfig:
+    """The config a plan runs under: its formats and pass sizes the plan's (formats MLX runs)."""
+    formats = tuple(dict.fromkeys(p.weight_format.upper() for p in plan.passes))
+    unknown = [f for f in formats if f not in MLX_FORMATS]
+    if unknown:
+        raise InputError(f"plan: weight format {unknown[0]} is not one MLX runs ({', '.join(MLX_FORMATS)})")
+    return dataclasses.replace(config, formats=formats, pass_sizes=tuple(sorted({p.n_tokens for p in plan.passes})))
+
+
+def mlx_plan_rows(config: MlxBenchConfig, plan: Plan) -> tuple[list[dict[str, Any]], list[str]]:
+    """What `microbench mlx --plan` measures (`--dry-run` lists it): each pass with the config's row orders of its family."""
+    mlx_plan_config(config, plan)
+    return planned_rows(plan, {family: row_family(family, backend()) for family in config.families})
+
+
+def _cells(config: MlxBenchConfig, shape: MoeShape, plan: Plan | None) -> dict[int, list[tuple[str, PlannedPass | None]]]:
+    """Per pass size, the passes of one shape and format: every routing, or the plan's passes."""
+    if plan is None:
+        return {n: [(routing, None) for routing in config.routings] for n in config.pass_sizes}
+    cells: dict[int, list[tuple[str, PlannedPass | None]]] = {}
+    for p in sorted(plan.passes, key=lambda p: p.n_tokens):
+        if p.model == shape.model and p.weight_format.upper() == shape.weight_format:
+            cells.setdefault(p.n_tokens, []).append((PLANNED, p))
+    return cells
+
+
+def run_mlx_microbench(
+    config: MlxBenchConfig, shapes: list[MoeShape], progress: Callable[[str], None] | None = None, plan: Plan | None = None
+) -> MlxBenchResult:
+    """Time every (shape, format, pass size, routing, family), or a plan's passes (each with the
+    row orders of its family; `shapes` are then the plan's); rows in the measurement-table layout."""
+    if plan is not None:
+        config, shapes = mlx_plan_config(config, plan), plan_shapes(plan)
     config.validate()
     mx, _ = import_mlx()
     for shape in shapes:
@@ -295,32 +329,46 @@ def run_mlx_microbench(config: MlxBenchConfig, shapes: list[MoeShape], progress:
     for base in shapes:
         for fmt in config.formats:
             shape = MoeShape(base.model, base.hidden, base.expert_intermediate, base.experts, base.top_k, fmt)
-            twins = time_twins(shape, config) if config.dense_twins else {}
+            cells = _cells(config, shape, plan)
+            if not cells:
+                continue
+            twins = time_twins(shape, dataclasses.replace(config, pass_sizes=tuple(cells))) if config.dense_twins else {}
             glus = [switch_glu(shape, fmt, config.seed + copy) for copy in range(config.layers)]
             dtype = mx.float32 if MLX_FORMATS[fmt] is None else mx.bfloat16
-            for n in config.pass_sizes:
+            for n, at_n in cells.items():
                 if time.monotonic() - started > config.max_seconds:
                     stopped = stopped or {"before_n_tokens": n, "shape": shape.model, "format": fmt}
                     break
-                for routing in config.routings:
-                    seed = routing_seed(config.seed, shape.model, fmt, n, routing)
-                    ids = routing_ids(routing, n, shape.experts, shape.top_k, seed)
+                for routing, planned in at_n:
+                    if planned is None:
+                        seed = routing_seed(config.seed, shape.model, fmt, n, routing)
+                        ids = routing_ids(routing, n, shape.experts, shape.top_k, seed)
+                    else:
+                        u, m = planned.distinct_experts, planned.max_tokens_per_expert
+                        seed = routing_seed(config.seed, shape.model, fmt, n, routing, u, m)
+                        ids = planned_ids(n, shape.experts, shape.top_k, u, m, seed)
                     indices = mx.array(ids.astype(np.uint32))
                     scores = mx.array(gate_weights(n, shape.top_k, seed)).astype(dtype)
                     x = mx.random.normal((n, shape.hidden), key=mx.random.key(seed)).astype(dtype)
                     mx.eval(indices, scores, x)
-                    checks[f"{shape.model}/{fmt}/{n}/{routing}"] = check_orders(glus[0], x, indices, scores, fmt)
+                    checks[f"{shape.model}/{fmt}/{n}/{routing}" + ("" if planned is None else f"/{u}/{m}")] = check_orders(
+                        glus[0], x, indices, scores, fmt
+                    )
                     features = pass_features(ids, shape.experts)
                     for family in config.families:
+                        kernel = row_family(family, backend())
+                        if planned is not None and kernel != planned.family:
+                            continue
                         samples = _time_pass(glus, x, indices, scores, FAMILIES[family], config)
                         extra = {"backend": backend(), "engine_version": engine_version(), "mlx_lm_sorts": ids.size >= MLX_LM_SORT_SLOTS,
                                  "activation_dtype": "f32" if MLX_FORMATS[fmt] is None else "bf16", "reps_us": samples,
                                  "time_us_median": float(np.median(samples)), "statistic": config.statistic}  # fmt: skip
                         if twins:
                             extra.update(reps_us_dense_L=twins[n]["L"], reps_us_dense_2L=twins[n]["2L"], layers_differenced=TWIN_LAYERS)
+                        if planned is not None:
+                            extra.update(plan_rung=planned.rung, plan_time_share=planned.time_share)
                         timing = summarize_times(samples)
                         timing = dataclasses.replace(timing, time_us=STATISTICS[config.statistic](samples))
-                        kernel = row_family(family, backend())
                         rows.append(measurement_row(kernel=kernel, engine=engine, device=device, shape=shape, routing=routing,
                                                     features=features, timing=timing, extra=extra))  # fmt: skip
                 say(f"{shape.model} {fmt} n = {n}: done ({time.monotonic() - started:.0f} s)")
@@ -329,6 +377,8 @@ def run_mlx_microbench(config: MlxBenchConfig, shapes: list[MoeShape], progress:
     provenance = _provenance(config, shapes, engine, device, checks, loadavg, time.monotonic() - started)
     if stopped:
         provenance["stopped_early"] = stopped
+    if plan is not None:
+        provenance["plan"] = {"source": plan.source, "profile": plan.profile, "passes": len(plan.passes)}
     return MlxBenchResult(rows, provenance)
 
 

@@ -2,8 +2,10 @@
 
 Three routing levels, as in the shared H200 measurements: `same` (every token of the pass picks
 the same top-k set, so distinct experts U = k), `uniform` (independent uniform top-k sets) and
-`distinct` (as many distinct experts as possible, U = min(E, n·k)). Every runner draws its passes
-here, so a table's `routing` column means the same thing whichever engine produced it.
+`distinct` (as many distinct experts as possible, U = min(E, n·k)); and a measurement plan's
+passes (`planned`: a given U and busiest-expert count M, `moesim microbench ... --plan`). Every
+runner draws its passes here, so a table's `routing` column means the same thing whichever engine
+produced it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from moesim.kernels.features import RoutingFeatures, consecutive_runs
 from moesim.parsing import parse_int_ranges
 
 ROUTINGS = ("same", "uniform", "distinct")
+PLANNED = "planned"  # the routing of a measurement plan's passes: given U and M (`planned_ids`)
 
 # Pass sizes every runner measures by default: single tokens to 16-token verify passes, then the
 # batched sizes where a deduplicating kernel turns compute-bound.
@@ -47,6 +50,36 @@ def routing_ids(routing: str, n_tokens: int, experts: int, top_k: int, seed: int
         slot = np.arange(n_tokens)[:, None] * top_k + np.arange(top_k)[None, :]
         return labels[slot % experts]
     return np.argsort(rng.random((n_tokens, experts)), axis=1)[:, :top_k]
+
+
+def planned_problem(n_tokens: int, experts: int, top_k: int, distinct: int, most: int) -> str | None:
+    """Why no pass of n tokens, each picking k distinct of E experts, has U distinct experts and M
+    tokens on its busiest one (None when one does): k <= U <= min(E, n·k), ceil(n·k/U) <= M <= n
+    and M + (U - 1) <= n·k (every other expert takes a slot)."""
+    slots = n_tokens * top_k
+    if not top_k <= distinct <= min(experts, slots):
+        return f"distinct experts must lie in {top_k}..{min(experts, slots)} (top-k..min(experts, n·top-k)), got {distinct}"
+    low, high = -(-slots // distinct), min(n_tokens, slots - (distinct - 1))
+    if not low <= most <= high:
+        return f"max tokens per expert must lie in {low}..{high} for {distinct} distinct experts of {slots} slots, got {most}"
+    return None
+
+
+def planned_ids(n_tokens: int, experts: int, top_k: int, distinct: int, most: int, seed: int) -> np.ndarray:
+    """Expert ids (n_tokens, top_k) of a pass with exactly U = `distinct` experts and M = `most`
+    tokens on the busiest: the busiest expert takes M slots, the other U − 1 the rest as evenly as
+    possible; the experts' slots laid out run after run and dealt to tokens column by column
+    (slot j·n + t is token t's j-th), so no token picks an expert twice (each run is <= n long)."""
+    problem = planned_problem(n_tokens, experts, top_k, distinct, most)
+    if problem is not None:
+        raise InputError(f"a planned pass of {n_tokens} tokens: {problem}")
+    rest = n_tokens * top_k - most
+    counts = np.full(distinct - 1, rest // max(distinct - 1, 1), np.int64)
+    counts[: rest - int(counts.sum())] += 1
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(experts)[:distinct]  # random expert labels, as for the other routings
+    runs = np.repeat(labels, np.concatenate(([most], counts)))
+    return runs.reshape(top_k, n_tokens).T[rng.permutation(n_tokens)]
 
 
 def pass_features(ids: np.ndarray, experts: int) -> RoutingFeatures:

@@ -29,6 +29,7 @@ the code, its times are not a calibration.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import sys
 import time
@@ -40,12 +41,15 @@ import numpy as np
 
 from moesim.errors import ConfigError, InputError, first_line
 from moesim.fields import option
+from moesim.hw_profiles.microbench.plan import Plan, PlannedPass, plan_shapes, planned_rows
 from moesim.hw_profiles.microbench.routing import (
+    PLANNED,
     ROUTINGS,
     expert_plan,
     gate_weights,
     pass_features,
     pass_sizes_option,
+    planned_ids,
     routing_ids,
     routing_seed,
     routings_option,
@@ -409,8 +413,13 @@ class _Run:
         self.failures.append({"model": shape.model, "engine": name, **where, "error": reason})
         self.say(f"dropping {name} on {shape.model}: {reason}")
 
-    def pass_for(self, shape: MoeShape, routing: str, n_tokens: int, seed: int) -> tuple[DevicePass, Any]:
-        ids = routing_ids(routing, n_tokens, shape.experts, shape.top_k, seed)
+    def pass_for(
+        self, shape: MoeShape, routing: str, n_tokens: int, seed: int, planned: PlannedPass | None = None
+    ) -> tuple[DevicePass, Any]:
+        if planned is not None:
+            ids = planned_ids(n_tokens, shape.experts, shape.top_k, planned.distinct_experts, planned.max_tokens_per_expert, seed)
+        else:
+            ids = routing_ids(routing, n_tokens, shape.experts, shape.top_k, seed)
         p = device_pass(self.torch, ids, gate_weights(n_tokens, shape.top_k, seed), shape.experts, self.device, self.dtype)
         return p, pass_features(ids, shape.experts)
 
@@ -432,14 +441,18 @@ class _Run:
             if not error <= CHECK_TOLERANCE:
                 self.drop(shape, name, f"output differs from the float32 reference (relative error {error:.3g})", n_tokens=n_check)
 
-    def measure(self, shape: MoeShape, routing: str, n_tokens: int, device_name: str) -> list[dict[str, Any]]:
-        """Rows of every engine still running on this shape, for one pass."""
-        p, features = self.pass_for(shape, routing, n_tokens, routing_seed(self.config.seed, shape.model, routing, n_tokens))
+    def measure(
+        self, shape: MoeShape, routing: str, n_tokens: int, device_name: str, planned: PlannedPass | None = None
+    ) -> list[dict[str, Any]]:
+        """Rows of every engine still running on this shape (of the planned pass's family only), for one pass."""
+        parts = (shape.model, routing, n_tokens) if planned is None else (shape.model, routing, n_tokens, planned.distinct_experts,
+                                                                          planned.max_tokens_per_expert)  # fmt: skip
+        p, features = self.pass_for(shape, routing, n_tokens, routing_seed(self.config.seed, *parts), planned)
         x = self.torch.randn((n_tokens, shape.hidden), dtype=self.dtype, device=self.device)
         layers = self.weights[shape.model]
         rows = []
         for name, engine in self.engines.items():
-            if (shape.model, name) in self.dropped:
+            if (shape.model, name) in self.dropped or (planned is not None and engine.family != planned.family):
                 continue
 
             def run(engine: TorchEngine = engine) -> None:
@@ -468,10 +481,13 @@ class _Run:
 
 
 def run_torch_microbench(
-    config: TorchBenchConfig, shapes: Sequence[MoeShape], progress: Callable[[str], None] | None = None
+    config: TorchBenchConfig, shapes: Sequence[MoeShape], progress: Callable[[str], None] | None = None, plan: Plan | None = None
 ) -> TorchBenchResult:
-    """Measure every (pass size, shape, routing, engine) of `config`. Pass sizes go in ascending
-    order, so a run stopped by `max_seconds` keeps complete small-n data for every shape."""
+    """Measure every (pass size, shape, routing, engine) of `config`, or a plan's passes (each with
+    the engines of its family; `shapes` are then the plan's). Pass sizes go in ascending order, so a
+    run stopped by `max_seconds` keeps complete small-n data for every shape."""
+    if plan is not None:
+        config, shapes = with_plan(config, plan), plan_shapes(plan)
     config.validate()
     if not shapes:
         raise ConfigError("torch microbench: no model shapes given")
@@ -501,6 +517,10 @@ def run_torch_microbench(
         result.device = device_json(facts, ceilings)
     for shape in shapes:
         run.check(shape)
+    if plan is not None:
+        _measure_plan(run, plan, facts["device"], result, started)
+        result.provenance["elapsed_s"] = round(time.monotonic() - started, 1)
+        return result
     for n_tokens in sorted(config.pass_sizes):
         if time.monotonic() - started > config.max_seconds:
             result.provenance["stopped_early"] = {"before_n_tokens": n_tokens, "max_seconds": config.max_seconds}
@@ -512,6 +532,42 @@ def run_torch_microbench(
             say(f"n = {n_tokens}: {shape.model} done ({time.monotonic() - started:.0f} s)")
     result.provenance["elapsed_s"] = round(time.monotonic() - started, 1)
     return result
+
+
+def with_plan(config: TorchBenchConfig, plan: Plan) -> TorchBenchConfig:
+    """The config a plan runs under: its weight format the plan's (one torch format for all passes)."""
+    formats = {p.weight_format.lower() for p in plan.passes}
+    unknown = sorted(formats - set(TORCH_DTYPES))
+    if unknown or len(formats) != 1:
+        why = f"weight format {unknown[0]} is not a torch format ({', '.join(TORCH_DTYPES)})" if unknown else "passes in several formats"
+        raise InputError(f"plan: {why}: torch measures one of {', '.join(TORCH_DTYPES)} per run")
+    return dataclasses.replace(config, dtype=formats.pop())
+
+
+def torch_plan_rows(config: TorchBenchConfig, plan: Plan) -> tuple[list[dict[str, Any]], list[str]]:
+    """What `microbench torch --plan` measures (`--dry-run` lists it): each pass with the config's engines of its family."""
+    return planned_rows(plan, {name: TORCH_ENGINES.get(name).family for name in with_plan(config, plan).engines})
+
+
+def torch_grid_rows(config: TorchBenchConfig, models: Sequence[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """What `microbench torch` measures without a plan: every (pass size, shape, routing, engine)."""
+    shapes = torch_shapes(models, config.dtype)
+    rows = [{"engine": e, "kernel": TORCH_ENGINES.get(e).family, "model": s.model, "n_tokens": n, "routing": r}
+            for n in sorted(config.pass_sizes) for s in shapes for r in config.routings for e in config.engines]  # fmt: skip
+    return rows, []
+
+
+def _measure_plan(run: _Run, plan: Plan, device: str, result: TorchBenchResult, started: float) -> None:
+    """The plan's passes in ascending n, each with the engines of its family."""
+    shapes = {s.model: s for s in plan_shapes(plan)}
+    result.provenance["plan"] = {"source": plan.source, "profile": plan.profile, "passes": len(plan.passes)}
+    for planned in sorted(plan.passes, key=lambda p: p.n_tokens):
+        if time.monotonic() - started > run.config.max_seconds:
+            result.provenance["stopped_early"] = {"before_n_tokens": planned.n_tokens, "max_seconds": run.config.max_seconds}
+            run.say(f"time budget of {run.config.max_seconds:.0f} s used up: stopping before n = {planned.n_tokens}")
+            break
+        rows = run.measure(shapes[planned.model], PLANNED, planned.n_tokens, device, planned)
+        result.rows.extend(row | {"plan_rung": planned.rung, "plan_time_share": planned.time_share} for row in rows)
 
 
 def torch_shapes(models: Sequence[str], dtype: str) -> list[MoeShape]:

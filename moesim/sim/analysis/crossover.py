@@ -16,7 +16,7 @@ from moesim.kernels.features import uniform_distinct_experts
 from moesim.sim.analysis.ranks import SAMPLED_WINDOWS, mean_costs, union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, pass_sizes, uniform_twin
 from moesim.sim.cost.pass_features import mean_distinct_experts, window_distributions
-from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_engine
+from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_family
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -115,7 +115,7 @@ def _expert_times(
     sizes: np.ndarray,  # type: ignore[type-arg]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One family's expert time per pass size on the scenario's devices (expert parallel: at the slowest rank)."""
-    model = dataclasses.replace(scenario.model, engine=family)
+    model = dataclasses.replace(scenario.model, family=family)
     if model.parallel.ranks > 1:
         cost = expected_costs(scenario, sizes, model, trace)
     else:
@@ -142,7 +142,7 @@ def _batched_times(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One family's expert time per pass size for passes of `batch` requests of n tokens each (the
     trace's batch windows, `ranks.union_pass_cost`), and their mean distinct experts per layer."""
-    model = dataclasses.replace(scenario.model, engine=family)
+    model = dataclasses.replace(scenario.model, family=family)
     passes = [union_pass_cost(model, trace, batch, int(n), SAMPLED_WINDOWS, scenario.context_tokens) for n in sizes]
     cost = mean_costs([c for c, _, _ in passes])
     return cost.expert_us, cost.expert_epsilon, cost.extrapolation, np.array([float(np.mean(d)) for _, d, _ in passes])
@@ -159,7 +159,7 @@ def crossover_analysis(
         raise InputError(
             f"profile '{profile.name}' has no dedup family '{dedup_family}' (dedup families: {', '.join(profile.dedup_families)})"
         )
-    check_engine(profile, "per_slot")
+    check_family(profile, "per_slot")
     n = pass_sizes(max_pass, sizes)
     g = scenario.trace.meta.geometry
     twin = uniform_twin(scenario.trace, scenario.model.preset, batch=batch)

@@ -75,4 +75,4 @@ def predict(scenario: Scenario, max_pass: int = 16, sizes: list[int] | None = No
     else:
         model, trace, context = scenario.model, scenario.trace, scenario.context_tokens
         cost = mean_costs([union_pass_cost(model, trace, batch, int(size), SAMPLED_WINDOWS, context)[0] for size in n])
-    return Prediction(scenario.model.engine, n, cost, extrapolation_warnings("pass", "n", cost.extrapolation, n), batch)
+    return Prediction(scenario.model.family, n, cost, extrapolation_warnings("pass", "n", cost.extrapolation, n), batch)

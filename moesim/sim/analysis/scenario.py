@@ -21,7 +21,7 @@ from moesim.sim.analysis.ranks import sampled_expected_costs
 from moesim.sim.cost.drafters import Drafter, make_drafter
 from moesim.sim.cost.parallel import Devices
 from moesim.sim.cost.pass_features import check_sizes, window_distributions
-from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_engine
+from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_family
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import Uniform, synthesize
 
@@ -82,7 +82,7 @@ def load_scenario(
         parallel.check(preset)
     except ConfigError as exc:
         raise InputError(f"--expert-parallel: {exc}") from None
-    step = StepTimeModel(preset, hw, default_engine(hw, engine), fmt, parallel=parallel)
+    step = StepTimeModel(preset, hw, default_family(hw, engine), fmt, parallel=parallel)
     return Scenario(step, trace, make_drafter(drafter, preset, fmt), context_tokens)
 
 

@@ -21,6 +21,7 @@ A bare MoE preset is a target, not a drafter (`preset:NAME` drafts with one); `e
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -28,6 +29,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from moesim.errors import ConfigError, InputError, MoesimError
+from moesim.fields import FieldError, require
 from moesim.hw_profiles import HardwareProfile, load_profile
 from moesim.kernels.features import uniform_distinct_experts
 from moesim.models import PRESET_FILES, AttentionShape, ModelPreset, builtin_names, bytes_per_weight, draft_for, load_preset
@@ -433,11 +435,130 @@ def split_options(spec: str) -> tuple[str, dict[str, str]]:
     return parts[0].strip(), options
 
 
+TREE_OPTIONS = ("topk", "tokens", "paths")
+SPEC_OPTIONS = (*TREE_OPTIONS, "device")
+TIMED = ("fixed", "ngram", "suffix")  # drafters whose argument is µs (per draft step, per lookup)
+
+
+@dataclass(frozen=True)
+class DrafterSection:
+    """The drafter, typed (the `[drafter]` table; a spec string parses into it, `parse_drafter`, and
+    prints from it, `spec`): `kind` a drafter's name or `preset` (a separate draft model, `model`),
+    `time_us` (fixed's µs per draft step, ngram's and suffix's µs per lookup), `argument` (eagle3's
+    VOCAB or full, dflash's LAYERS), `tree` ("topk=K,tokens=N" or "paths=[[0],...]") and `device`
+    (another device's profile, for a preset). `kind` may be a whole spec as the command line writes
+    it (e.g. "eagle3:32000" or "mtp,topk=2,tokens=6"): it is split into these keys."""
+
+    kind: str = "ngram"
+    model: str | None = None
+    time_us: float | None = None
+    argument: str = ""
+    tree: str = ""
+    device: str = ""
+
+    def __post_init__(self) -> None:
+        spec = self.kind
+        try:
+            base, options = split_options(spec)
+        except ConfigError as exc:
+            raise FieldError("kind", str(exc)) from None
+        unknown = sorted(set(options) - set(SPEC_OPTIONS))
+        require(not unknown, "kind", f"drafter '{spec}': unknown option '{(unknown or [''])[0]}' (known: {', '.join(SPEC_OPTIONS)})")
+        name, _, argument = base.partition(":")
+        argument = argument or None
+        name = "eagle" if name == "eagle-head" else name  # the preset's name in the README's list
+        if name not in DRAFTERS:  # a dense preset by name or file
+            known = base in builtin_names() or base.endswith((".toml", ".json"))
+            require(known, "kind", f"unknown drafter '{spec}' (known: {drafter_choices()})")
+            moe = f"drafter '{spec}' is a MoE target, not a draft model (drafters: {drafter_choices()}; a MoE draft model: preset:{base})"
+            require(base not in builtin_names("moe"), "kind", moe)
+            name, argument = DenseModelDrafter.name, base
+        preset, timed = name == DenseModelDrafter.name, name in TIMED
+        tree = ",".join(f"{k}={v}" for k, v in options.items() if k in TREE_OPTIONS)
+        keys = {
+            "kind": name,
+            "model": _one_place(spec, "model", self.model, argument if preset else None),
+            "time_us": _one_place(spec, "time_us", self.time_us, _spec_time_us(spec, name, argument) if timed and argument else None),
+            "argument": _one_place(spec, "argument", self.argument or None, argument if not (preset or timed) else None) or "",
+            "tree": _one_place(spec, "tree", self.tree or None, tree or None) or "",
+            "device": _one_place(spec, "device", self.device or None, options.get("device")) or "",
+        }
+        for key, value in keys.items():
+            object.__setattr__(self, key, value)
+        if preset:
+            require(self.model is not None, "model", "a preset drafter needs a model preset name")
+        t = self.time_us
+        if name == "fixed" or t is not None:
+            valid = t is not None and math.isfinite(t) and 0 <= t <= MAX_STEP_US
+            require(valid, "time_us", f"a {name} drafter needs time_us >= 0, got {t}")
+        for key, kinds in (("model", (DenseModelDrafter.name,)), ("time_us", TIMED)):
+            require(getattr(self, key) is None or name in kinds, key, f"applies to {', '.join(kinds)}, not to '{name}'")
+        try:
+            parse_tree(self.tree)
+        except ConfigError as exc:
+            raise FieldError("tree", str(exc)) from None
+
+    def spec(self) -> str:
+        """The drafter as a spec string (`parse_drafter` reads it back to this section)."""
+        if self.kind == DenseModelDrafter.name:
+            model = str(self.model)
+            base = f"{self.kind}:{model}" if model in (*builtin_names("moe"), *builtin_names("eagle")) else model
+        elif self.time_us is not None:
+            base = f"{self.kind}:{self.time_us}"
+        else:
+            base = f"{self.kind}:{self.argument}" if self.argument else self.kind
+        return ",".join([base, *([self.tree] if self.tree else []), *([f"device={self.device}"] if self.device else [])])
+
+    def tree_spec(self) -> TreeSpec:
+        """The tree the drafter verifies (the chain by default)."""
+        return parse_tree(self.tree)
+
+    def make(self, target: ModelPreset, weight_format: str | None = None) -> Drafter:
+        """The drafter for `target` (an MTP head is a layer of the target: it reads the target's `weight_format`)."""
+        spec = self.spec()
+        if self.kind == DenseModelDrafter.name:
+            drafter = DenseModelDrafter.named(spec, str(self.model), target, moe=True)
+        else:
+            drafter = DRAFTERS.get(self.kind).from_spec(spec, self.argument if self.time_us is None else repr(float(self.time_us)), target)
+        tree = self.tree_spec()
+        if drafter.mode == "block" and not tree.is_chain:
+            raise ConfigError(f"drafter '{spec}': {drafter.name} drafts one block, a chain (no topk, tokens or paths)")
+        changes: dict[str, object] = {"tree": tree}
+        if isinstance(drafter, MtpDrafter) and weight_format:
+            changes["weight_format"] = weight_format.upper()
+        if self.device:
+            if not isinstance(drafter, DenseModelDrafter) or isinstance(drafter, EagleDrafter):
+                raise ConfigError(f"drafter '{spec}': device= applies to a separate draft model (a preset), not to '{self.kind}'")
+            changes["device"] = load_profile(self.device)
+        return dataclasses.replace(drafter, **changes)  # type: ignore[type-var]
+
+
+def _spec_time_us(spec: str, name: str, argument: str | None) -> float:
+    """The µs a timed drafter's spec gives (`fixed:US` per draft step, `ngram:US` / `suffix:US` per lookup)."""
+    try:
+        return _microseconds(spec, argument or "", f"{name}:US", "per draft step" if name == "fixed" else "per lookup")
+    except ConfigError as exc:
+        raise FieldError("kind", str(exc)) from None
+
+
+def _one_place(spec: str, key: str, given: object, from_kind: object) -> object:
+    """A key given by the table or inside `kind`'s spec, not both."""
+    require(given is None or from_kind is None, key, f"kind '{spec}' already names its {key}: give it in one place")
+    return given if from_kind is None else from_kind
+
+
+def parse_drafter(spec: str) -> DrafterSection:
+    """The drafter a spec names: `NAME[:ARGUMENT][,OPTION=VALUE...]` (module docstring)."""
+    try:
+        return DrafterSection(kind=spec)
+    except FieldError as exc:
+        raise ConfigError(exc.detail) from None
+
+
 def drafter_tree(spec: str) -> TreeSpec:
     """The tree a drafter spec names (the chain when it names none or names it wrongly: `make_drafter` says what is wrong)."""
     try:
-        options = split_options(spec)[1]
-        return parse_tree(",".join(f"{k}={v}" for k, v in options.items() if k != "device"))
+        return parse_drafter(spec).tree_spec()
     except MoesimError:
         return TreeSpec()
 
@@ -447,22 +568,4 @@ def make_drafter(spec: str, target: ModelPreset, weight_format: str | None = Non
     'fixed:US', or a dense / MoE preset name or path; with options topk, tokens, paths (its tree)
     and device (another device's profile, for a separate draft model). An MTP head is a layer of
     the target: it reads the target's `weight_format`."""
-    base, options = split_options(spec)
-    unknown = sorted(set(options) - {"topk", "tokens", "paths", "device"})
-    if unknown:
-        raise ConfigError(f"drafter '{spec}': unknown option '{unknown[0]}' (known: topk, tokens, paths, device)")
-    name, _, argument = base.partition(":")
-    if name == "eagle-head":
-        name = "eagle"  # the preset's name in the README's list
-    drafter = DRAFTERS.get(name).from_spec(spec, argument, target) if name in DRAFTERS else DenseModelDrafter.named(spec, base, target)
-    tree = parse_tree(",".join(f"{k}={v}" for k, v in options.items() if k != "device"))
-    if drafter.mode == "block" and not tree.is_chain:
-        raise ConfigError(f"drafter '{spec}': {drafter.name} drafts one block, a chain (no topk, tokens or paths)")
-    changes: dict[str, object] = {"tree": tree}
-    if isinstance(drafter, MtpDrafter) and weight_format:
-        changes["weight_format"] = weight_format.upper()
-    if "device" in options:
-        if not isinstance(drafter, DenseModelDrafter) or isinstance(drafter, EagleDrafter):
-            raise ConfigError(f"drafter '{spec}': device= applies to a separate draft model (a preset), not to '{name}'")
-        changes["device"] = load_profile(options["device"])
-    return dataclasses.replace(drafter, **changes)  # type: ignore[type-var]
+    return parse_drafter(spec).make(target, weight_format)

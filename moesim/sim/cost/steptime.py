@@ -5,7 +5,7 @@
               + fixed time per pass.
 
 The expert term comes from the profile's fitted family (`per_slot`, a `dedup*` family, or the
-cheapest of them: engine `best`); the dense term from the profile's `dense` family. Over several
+cheapest of them: family `best`); the dense term from the profile's `dense` family. Over several
 devices (`moesim.sim.cost.parallel`) the times are one device's: tensor parallelism divides the
 dense bytes and FLOPs and each expert's intermediate width by G, expert parallelism keeps the
 experts whole on their rank and costs each MoE layer at its slowest rank, and the pass adds its
@@ -45,20 +45,20 @@ TIME_TABLES_KEPT = 256  # (family, tokens) layer-time tables the simulator's fas
 TABLE_AFTER_PASSES = 8  # a pass size gets its (U, M) tables once this many passes of it were costed (by any model of the process)
 
 
-def check_engine(profile: HardwareProfile, engine: str) -> str:
+def check_family(profile: HardwareProfile, family: str) -> str:
     """`per_slot`, any dedup family of the profile, `best`, or `dispatch` on an engine profile."""
-    if engine == BEST or engine in profile.expert_families or (engine == DISPATCH and profile.dispatch is not None):
-        return engine
+    if family == BEST or family in profile.expert_families or (family == DISPATCH and profile.dispatch is not None):
+        return family
     known = ", ".join([*profile.expert_families, BEST, *([DISPATCH] if profile.dispatch is not None else [])])
-    why = " (it is not an engine profile: no [dispatch] table)" if engine == DISPATCH else ""
-    raise InputError(f"profile '{profile.name}' has no family '{engine}'{why} (engines: {known})")
+    why = " (it is not an engine profile: no [dispatch] table)" if family == DISPATCH else ""
+    raise InputError(f"profile '{profile.name}' has no family '{family}'{why} (families: {known})")
 
 
-def default_engine(profile: HardwareProfile, engine: str | None = None) -> str:
-    """The engine asked for, or by default: `dispatch` on an engine profile, else `per_slot`."""
-    if engine is not None:
-        return check_engine(profile, engine)
-    return DISPATCH if profile.dispatch is not None else check_engine(profile, "per_slot")
+def default_family(profile: HardwareProfile, family: str | None = None) -> str:
+    """The family asked for, or by default: `dispatch` on an engine profile, else `per_slot`."""
+    if family is not None:
+        return check_family(profile, family)
+    return DISPATCH if profile.dispatch is not None else check_family(profile, "per_slot")
 
 
 @dataclass(frozen=True)
@@ -138,16 +138,16 @@ class StepTimeModel:
 
     preset: ModelPreset
     profile: HardwareProfile
-    engine: str = "per_slot"
+    family: str = "per_slot"  # a family of the profile, `best` or `dispatch` (check_family)
     weight_format: str = ""
     kv_bytes_per_element: float = 2.0
     parallel: Parallelism = field(default_factory=Parallelism)
 
     def __post_init__(self) -> None:
-        check_engine(self.profile, self.engine)
+        check_family(self.profile, self.family)
         if not self.weight_format:
             object.__setattr__(self, "weight_format", self.preset.default_format)
-        if self.engine == DISPATCH and not self.families:
+        if self.family == DISPATCH and not self.families:
             raise InputError(f"profile '{self.profile.name}': the engine's dispatch has no kernel for weight format {self.weight_format}")
         self.parallel.check(self.preset)
 
@@ -166,19 +166,19 @@ class StepTimeModel:
 
     @property
     def families(self) -> tuple[str, ...]:
-        """The expert families the engine may use."""
-        if self.engine == DISPATCH:
+        """The expert families the model may use (its family, all for `best`, the dispatched ones)."""
+        if self.family == DISPATCH:
             return self.profile.dispatch.families_for(self.weight_format)  # type: ignore[union-attr]
-        return tuple(self.profile.expert_families) if self.engine == BEST else (self.engine,)
+        return tuple(self.profile.expert_families) if self.family == BEST else (self.family,)
 
     def dispatched(self, n_tokens: np.ndarray | float) -> np.ndarray:
-        """The family the engine's dispatch runs for passes of n tokens (engine `dispatch` only)."""
+        """The family the engine's dispatch runs for passes of n tokens (family `dispatch` only)."""
         p = self.preset
         return self.profile.dispatch.family_for(self.weight_format, n_tokens, p.experts, p.top_k)  # type: ignore[union-attr]
 
     def _pass_families(self, n_tokens: int) -> tuple[str, ...]:
         """The families a pass of n tokens may take: the dispatched one, else the engine's (all for `best`)."""
-        if self.engine != DISPATCH:
+        if self.family != DISPATCH:
             return self.families
         names = self._dispatched_families.get(n_tokens)
         if names is None:
@@ -347,7 +347,7 @@ class StepTimeModel:
     def _pass_choices(self, n_max: int) -> tuple[np.ndarray, np.ndarray]:
         """Per pass size 0..n_max: which of `families` it may take, and its collectives (µs)."""
         select = np.ones((n_max + 1, len(self.families)), np.bool_)
-        if self.engine == DISPATCH:
+        if self.family == DISPATCH:
             index = {name: i for i, name in enumerate(self.families)}
             chosen = [index[str(name)] for name in np.atleast_1d(self.dispatched(np.arange(1, n_max + 1)))]
             select[:] = False
@@ -480,7 +480,7 @@ class StepTimeModel:
     ) -> PassCost:
         """Choose the family (the engine's, the dispatched one, or the cheapest for `best`), add dense and fixed time."""
         per_family = np.stack([sums[name].time_us for name in self.families])
-        if self.engine == DISPATCH:
+        if self.family == DISPATCH:
             index = {name: i for i, name in enumerate(self.families)}
             dispatched = self.dispatched(np.broadcast_to(total_tokens, per_family.shape[1:]))
             choice = np.vectorize(index.__getitem__, otypes=[np.intp])(dispatched)

@@ -12,7 +12,7 @@ raised before anything runs or is written:
     [parallel]    tensor_parallel, expert_parallel, link                  (the target over several devices)
     [trace]       path | synth (+ synth_params, tokens, seqs, seed); offset_stride
     [cost]        kind = "table" (target_us, draft_step_us, prefill_us_per_token) | "steptime"; prefill_chunk, moesd_slots
-    [target]      model, weight_format, profile, engine, device     (the step-time model's target)
+    [target]      model, weight_format, profile, family, device     (the step-time model's target)
     [drafter]     kind = "ngram" | "preset" (model) | "eagle" | "fixed" (time_us) | any drafter spec; tree
     [acceptance]  model = "geometric" | "position" | "regime" | "recorded" | "tree", and its keys
     [policy]      name = "off" | "static" | "oracle" | "cascade", and its keys
@@ -29,20 +29,19 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from moesim.errors import ConfigError, MoesimError
-from moesim.fields import Checked, FieldError, build, build_entry, checked, require
+from moesim.fields import Checked, FieldError, build, build_entry, checked, renamed_keys, require
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import DRAFTERS, DenseModelDrafter, drafter_tree, make_drafter, split_options
+from moesim.sim.cost.drafters import DenseModelDrafter, DrafterSection
 from moesim.sim.cost.parallel import ALL_REDUCES, Parallelism, parallelism_on
-from moesim.sim.cost.steptime import default_engine
-from moesim.sim.cost.tree import TreeSpec, parse_tree
+from moesim.sim.cost.steptime import default_family
 from moesim.sim.serving import cascade  # noqa: F401 (registers the cascade policy)
 from moesim.sim.serving.acceptance import ACCEPTANCE_MODELS, AcceptanceModel, Tree
 from moesim.sim.serving.memory import KVBudget, MemorySection, check_longest_request, check_sizes, kv_budget
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
-from moesim.tomlfile import read_toml
+from moesim.tomlfile import check_run_header, read_toml
 from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generator
 
@@ -163,7 +162,7 @@ class TargetSection:
     model: str | None = None
     weight_format: str | None = None
     profile: str | None = None
-    engine: str | None = None  # default: the engine's dispatch on an engine profile, per_slot otherwise
+    family: str | None = None  # the expert kernel family; default: the engine's dispatch on an engine profile, per_slot otherwise
     device: str = ""
 
     def __post_init__(self) -> None:
@@ -172,53 +171,6 @@ class TargetSection:
                 device_spec(self.device)
             except ConfigError as exc:
                 raise FieldError("device", str(exc)) from None
-
-
-@dataclass(frozen=True)
-class DrafterSection:
-    """The drafter: n-gram / prompt lookup (≈ 0 cost), a dense preset on the same profile, an
-    EAGLE-style head, or a fixed time per drafted token; `kind` may be any drafter spec as the
-    command line takes it (e.g. "eagle3:32000" or "mtp,topk=2,tokens=6"), and `tree` adds a draft
-    tree ("topk=K,tokens=N" or "paths=[[0],...]") to it."""
-
-    kind: str = "ngram"
-    model: str | None = None
-    time_us: float | None = None
-    tree: str = ""
-
-    def __post_init__(self) -> None:
-        try:
-            base, options = split_options(self.kind)
-        except ConfigError as exc:
-            raise FieldError("kind", str(exc)) from None
-        name = base.partition(":")[0]
-        require(name in DRAFTERS, "kind", DRAFTERS.unknown(name))
-        if self.kind == "preset":
-            require(self.model is not None, "model", "a preset drafter needs a model preset name")
-        if self.kind == "fixed":
-            t = self.time_us
-            require(t is not None and math.isfinite(t) and t >= 0, "time_us", f"a fixed drafter needs time_us >= 0, got {t}")
-        if self.tree:
-            named = sorted({"topk", "tokens", "paths"} & set(options))
-            require(not named, "tree", f"kind '{self.kind}' already names its tree ({', '.join(named)}): give it in one place")
-            try:
-                parse_tree(self.tree)
-            except ConfigError as exc:
-                raise FieldError("tree", str(exc)) from None
-
-    def spec(self) -> str:
-        """The drafter as `moesim.sim.cost.drafters.make_drafter` names it."""
-        if self.kind == "preset":
-            base = self.model  # type: ignore[assignment]
-        elif self.kind == "fixed":
-            base = f"fixed:{self.time_us}"
-        else:
-            base = self.kind
-        return f"{base},{self.tree}" if self.tree else base  # type: ignore[return-value]
-
-    def tree_spec(self) -> TreeSpec:
-        """The tree the drafter verifies (the chain by default)."""
-        return drafter_tree(self.spec())
 
 
 @dataclass(frozen=True)
@@ -283,6 +235,7 @@ class SimConfig:
     study: StudySection | None = None
     parallel: ParallelSection = field(default_factory=ParallelSection)
     memory: MemorySection | None = None
+    notes: tuple[str, ...] = field(default=(), compare=False)  # one line per renamed key the config used
 
     def models(self) -> tuple[str | None, ...]:
         """The target models this config runs (a study's list, else the target's)."""
@@ -354,16 +307,16 @@ def resolve_path(value: str | None, base_dir: Path) -> str | None:
     return str(path if path.is_absolute() else base_dir / path)
 
 
-def _check_profile(profile_name: str, engine: str | None, key: str, source: str) -> None:
-    """The profile loads and has the engine (the dispatch by default on an engine profile)."""
+def _check_profile(profile_name: str, family: str | None, key: str, source: str) -> None:
+    """The profile loads and has the family (the dispatch by default on an engine profile)."""
     try:
         profile = load_profile(profile_name)
     except MoesimError as exc:
         raise ConfigError(f"{source}: key '{key}': {exc}") from None
     try:
-        default_engine(profile, engine)
+        default_family(profile, family)
     except MoesimError as exc:
-        raise ConfigError(f"{source}: key 'target.engine': {exc}") from None
+        raise ConfigError(f"{source}: key 'target.family': {exc}") from None
 
 
 def _check_target(config: SimConfig, steptime: bool) -> None:
@@ -383,16 +336,16 @@ def _check_target(config: SimConfig, steptime: bool) -> None:
         drafter = study.drafter_for(model, config.drafter) if study is not None else config.drafter
         if steptime:
             try:
-                make_drafter(drafter.spec(), preset)
+                drafter.make(preset)
             except MoesimError as exc:
                 key = "study.drafters" if drafter is not config.drafter else f"drafter.{'model' if drafter.kind == 'preset' else 'kind'}"
                 raise ConfigError(f"{source}: key '{key}': {exc}") from None
     if target.profile is not None:
-        _check_profile(target.profile, target.engine, "target.profile", source)
+        _check_profile(target.profile, target.family, "target.profile", source)
     devices = study.devices if study is not None and study.devices else (None,)
     for i, device in enumerate(devices):
         if device is not None:
-            _check_profile(device.profile, target.engine, f"study.devices[{i}].profile", source)
+            _check_profile(device.profile, target.family, f"study.devices[{i}].profile", source)
         for model in config.models():
             placement(config.with_cell(model, config.acceptance, config.policy, device))
 
@@ -429,7 +382,7 @@ def placement(config: SimConfig) -> tuple[Parallelism, KVBudget | None]:
     if config.memory is None:
         return parallel, None
     fmt = target.weight_format or (preset.default_format if preset is not None else "BF16")
-    drafter = make_drafter(config.drafter.spec(), preset) if preset is not None and config.cost.kind == "steptime" else None
+    drafter = config.drafter.make(preset) if preset is not None and config.cost.kind == "steptime" else None
     draft = drafter.model if isinstance(drafter, DenseModelDrafter) else None
     host = link_spec(device.host_link) if device is not None and device.host_link else None
     try:
@@ -483,8 +436,17 @@ def _study(table: Any, source: str, base_dir: Path, cost: CostSection) -> StudyS
     return StudySection(tuple(models), workloads, policies, tuple(batches), tuple(devices), drafters)
 
 
+# Renamed [target] keys: old -> new. The old one still works for one release, with a note.
+RENAMED_TARGET_KEYS = {"engine": "family"}
+
+
 def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimConfig:
-    """A SimConfig from parsed TOML."""
+    """A SimConfig from parsed TOML (a written config's `[moesim]` table checked: its inputs unchanged;
+    its paths are from the working folder)."""
+    if "moesim" in data:
+        check_run_header(data["moesim"], source, "simulate")
+        base_dir = Path(".")  # its paths are as the run named them, from its working folder
+        data = {k: v for k, v in data.items() if k != "moesim"}
     for key in data:
         if key not in SECTIONS:
             raise ConfigError(f"{source}: key '{key}': unknown section (known: {', '.join(SECTIONS)})")
@@ -493,7 +455,8 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         return build(cls, data.get(name, {}), name, source, base_dir)
 
     cost = section(CostSection, "cost")
-    target = section(TargetSection, "target")
+    target_table, notes = renamed_keys(data.get("target", {}), "target", RENAMED_TARGET_KEYS, "the kernel family", source)
+    target = build(TargetSection, target_table, "target", source, base_dir)
     target = dataclasses.replace(target, model=resolve_path(target.model, base_dir), profile=resolve_path(target.profile, base_dir))
     trace = section(TraceSection, "trace") if "trace" in data else None
     if trace is not None and trace.synth is not None:
@@ -530,6 +493,7 @@ def config_from_dict(data: dict[str, Any], source: str, base_dir: Path) -> SimCo
         study=_study(data["study"], source, base_dir, cost) if "study" in data else None,
         parallel=section(ParallelSection, "parallel"),
         memory=section(MemorySection, "memory") if "memory" in data else None,
+        notes=notes,
     )
     if cost.kind == "steptime" and trace is None and any(m is not None and load_preset(m).kind == "moe" for m in config.models()):
         raise ConfigError(f"{source}: key 'trace' is required with cost.kind = 'steptime' and a MoE target (the routing the passes replay)")

@@ -11,6 +11,9 @@
   it), and per decoding request its id, draft length and accepted count (list columns, in batch
   order); with KV memory or chunked prefill also the positions prefilled and the requests
   preempted, and with memory the pages used and free at the pass and the swap time.
+- config.toml: the config fully resolved (every section with its defaults, files as the run
+  named them, from the run's working folder) and `[moesim]`: moesim's version, the command, the sha256 of every input (trace,
+  profile, preset and length files); `moesim simulate OUT/config.toml` reruns it to the same bytes.
 - summary.json: throughput, TPOT mean / p50 / p99, latency, acceptance, and against the same
   run with speculation off: speedup (throughput ratio), TPOT speedup, the worst request's
   slowdown; with memory, its preemptions and `memory` (the pages and what they rest on, the
@@ -33,7 +36,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from moesim.atomic import output_dir
+from moesim.fields import dump
+from moesim.hw_profiles.builtin import profile_files
+from moesim.sim.serving.config import SimConfig
 from moesim.sim.serving.server import ServerRecord
+from moesim.tomlfile import RUN_CONFIG, run_header, toml_document
+from moesim.tracegen.formats.builtin import resolve_trace
 
 FORMAT = "moesim.simulate/1"
 
@@ -201,6 +209,47 @@ def json_text(payload: Any) -> str:
     return json.dumps(finite, sort_keys=True, indent=2) + "\n"
 
 
+def _files(value: Any) -> list[str]:
+    """Every existing file a config's table names (a built-in trace by name: its file)."""
+    if isinstance(value, dict):
+        return [f for v in value.values() for f in _files(v)]
+    if isinstance(value, list):
+        return [f for v in value for f in _files(v)]
+    return [str(resolve_trace(value))] if isinstance(value, str) and value and resolve_trace(value).is_file() else []
+
+
+def config_table(config: SimConfig) -> dict[str, Any]:
+    """The config fully resolved, as the TOML document `config_from_dict` reads back to it: every
+    section with its defaults, files as the run named them (a relative one from the run's working
+    folder), and `[moesim]` (version, command, the sha256 of every input file, the profiles' among
+    them)."""
+    entry = lambda selector, e: {selector: e.name, **dump(e)}  # noqa: E731
+    doc: dict[str, Any] = {
+        name: dump(getattr(config, name))
+        for name in ("run", "workload", "arrivals", "batching", "memory", "parallel", "trace", "cost", "target", "drafter")
+        if getattr(config, name) is not None
+    }
+    doc |= {"acceptance": entry("model", config.acceptance), "policy": entry("name", config.policy)}
+    study = config.study
+    if study is not None:
+        doc["study"] = {
+            "models": list(study.models),
+            "workloads": {name: entry("model", a) for name, a in study.workloads},
+            "policies": [entry("name", p) for p in study.policies],
+            "batches": list(study.batches),
+            "devices": [dump(d) for d in study.devices],
+            "drafters": {model: dump(d) for model, d in study.drafters},
+        }
+    profiles = {config.target.profile, *(d.profile for d in study.devices)} if study is not None else {config.target.profile}
+    files = _files(doc) + [str(f) for p in sorted(profiles - {None}) for f in profile_files(p)]  # type: ignore[type-var]
+    return {**doc, "moesim": run_header("simulate", files)}
+
+
+def config_text(config: SimConfig) -> str:
+    """`config_table` as the TOML text of an output folder's config.toml."""
+    return toml_document(config_table(config))
+
+
 def write_arrow(path: Path, table: pa.Table) -> None:
     """An Arrow IPC file with the format in its schema metadata."""
     table = table.replace_schema_metadata({"moesim.format": FORMAT})
@@ -208,12 +257,14 @@ def write_arrow(path: Path, table: pa.Table) -> None:
         writer.write_table(table)
 
 
-def write_run(out_dir: Path, tables: dict[str, pa.Table], summary_payload: dict[str, Any], force: bool = False) -> None:
-    """The run's files in `out_dir` (each atomically): one Arrow file per table and summary.json."""
+def write_run(out_dir: Path, tables: dict[str, pa.Table], summary_payload: dict[str, Any], config: str, force: bool = False) -> None:
+    """The run's files in `out_dir` (each atomically): one Arrow file per table, summary.json and
+    config.toml (`config`: its text)."""
     with output_dir(out_dir, force) as staging:
         for name, table in tables.items():
             write_arrow(staging / f"{name}.arrow", table)
         (staging / "summary.json").write_text(json_text(summary_payload))
+        (staging / RUN_CONFIG).write_text(config)
 
 
 SUMMARY_ROWS = (

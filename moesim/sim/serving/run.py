@@ -19,18 +19,18 @@ from moesim.errors import ConfigError, InputError, MoesimError
 from moesim.fields import FieldError, dump
 from moesim.hw_profiles import load_profile
 from moesim.models import load_preset
-from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.pass_table import BatchCostModel, TablePassCost
-from moesim.sim.cost.steptime import StepTimeModel, default_engine
+from moesim.sim.cost.steptime import StepTimeModel, default_family
 from moesim.sim.cost.trace_batch import DenseBatchCost, TraceBatchCost
 from moesim.sim.cost.tree import truncated_widths
 from moesim.sim.serving.acceptance import AcceptanceModel, Tree
 from moesim.sim.serving.config import SimConfig, StudyDevice, placement
-from moesim.sim.serving.outputs import iterations_table, requests_table, summary, write_arrow, write_run
+from moesim.sim.serving.outputs import config_text, iterations_table, requests_table, summary, write_arrow, write_run
 from moesim.sim.serving.policies import Off, Policy
 from moesim.sim.serving.scheduler import Scheduling
 from moesim.sim.serving.server import Server, ServerRecord
 from moesim.sim.serving.workload import TraceWindows
+from moesim.tomlfile import RUN_CONFIG
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import make_generator, synthesize
 
@@ -71,8 +71,8 @@ def build_cost(config: SimConfig, trace: Trace | None, model: str | None = None)
     try:
         preset = load_preset(name or "")
         profile = load_profile(target.profile or "")
-        step_time = StepTimeModel(preset, profile, default_engine(profile, target.engine), target.weight_format or "", parallel=parallel)
-        drafter = make_drafter(config.drafter.spec(), preset, target.weight_format or None)
+        step_time = StepTimeModel(preset, profile, default_family(profile, target.family), target.weight_format or "", parallel=parallel)
+        drafter = config.drafter.make(preset, target.weight_format or None)
     except MoesimError as exc:
         raise ConfigError(f"{config.source}: key 'target': {exc}") from None
     if preset.kind != "moe":
@@ -182,7 +182,7 @@ class SimResult:
 
     def write(self, out_dir: Path, force: bool = False) -> None:
         """The per-request and per-iteration Arrow tables and summary.json in `out_dir` (atomically)."""
-        write_run(out_dir, self.tables(), self.summary, force)
+        write_run(out_dir, self.tables(), self.summary, config_text(self.config), force)
 
 
 def describe_config(config: SimConfig) -> dict[str, Any]:
@@ -306,11 +306,12 @@ def run_study(config: SimConfig, progress: Progress | None = None) -> pl.DataFra
     return pl.DataFrame(rows)
 
 
-def write_study(out_dir: Path, table: pl.DataFrame, force: bool = False) -> None:
-    """study.arrow and study.csv in `out_dir` (each atomically)."""
+def write_study(out_dir: Path, table: pl.DataFrame, config: SimConfig, force: bool = False) -> None:
+    """study.arrow, study.csv and config.toml (the config resolved) in `out_dir` (each atomically)."""
     with output_dir(out_dir, force) as staging:
         write_arrow(staging / "study.arrow", table.to_arrow())
         table.write_csv(staging / "study.csv")
+        (staging / RUN_CONFIG).write_text(config_text(config))
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,7 @@ def simulate_to(config: SimConfig, out_dir: Path | None = None, progress: Progre
     check_out_dir(out_dir, force)
     if config.study is not None:
         table = run_study(config, progress)
-        write_study(out_dir, table, force)
+        write_study(out_dir, table, config, force)
         return Outcome(out_dir, study=table)
     result = simulate(config, progress)
     result.write(out_dir, force)

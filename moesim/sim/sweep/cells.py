@@ -18,11 +18,11 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
-from moesim.sim.cost.drafters import drafter_tree
+from moesim.fields import dump
+from moesim.sim.cost.drafters import parse_drafter
 from moesim.sim.serving.config import SimConfig, config_from_dict
 from moesim.sim.serving.outputs import summary
 from moesim.sim.serving.policies import Off
@@ -38,15 +38,6 @@ class SimulationTally:
     cells: int = 0
     iterations: int = 0
     seconds: float = 0.0
-
-
-def drafter_table(spec: str) -> dict[str, Any]:
-    """A sweep drafter spec ('ngram', 'eagle', 'fixed:US', a dense preset) as a simulation [drafter] table."""
-    if spec in ("ngram", "eagle"):
-        return {"kind": spec}
-    if spec.startswith("fixed:"):
-        return {"kind": "fixed", "time_us": float(spec.split(":", 1)[1])}
-    return {"kind": "preset", "model": spec}
 
 
 @dataclass(frozen=True)
@@ -66,7 +57,8 @@ class Cell:
 def cell_config(config: SweepConfig, cell: Cell, policy: dict) -> SimConfig:
     """The simulation config of one cell (its trace section only names the routing: the unit's trace is passed as is)."""
     sim = config.simulate
-    target = {"model": cell.model, "profile": cell.profile, "engine": cell.engine, "weight_format": cell.weight_format}
+    drafter = parse_drafter(cell.drafter)
+    target = {"model": cell.model, "profile": cell.profile, "family": cell.engine, "weight_format": cell.weight_format}
     return config_from_dict(
         {
             "run": {"seed": sim.seed, "requests": sim.requests},
@@ -78,8 +70,8 @@ def cell_config(config: SweepConfig, cell: Cell, policy: dict) -> SimConfig:
             "trace": {"synth": "uniform"},
             "cost": {"kind": "steptime"},
             "target": target,
-            "drafter": drafter_table(cell.drafter),
-            "acceptance": {"model": "geometric" if drafter_tree(cell.drafter).is_chain else "tree", "alpha": cell.alpha},
+            "drafter": dump(drafter),
+            "acceptance": {"model": "geometric" if drafter.tree_spec().is_chain else "tree", "alpha": cell.alpha},
             "policy": policy,
         },
         f"{config.source}: simulation cell",

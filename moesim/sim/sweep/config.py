@@ -20,24 +20,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from moesim import __version__
+from moesim.atomic import file_digest, protect
 from moesim.errors import ConfigError, MoesimError
-from moesim.fields import Checked, FieldError, build, checked, require
+from moesim.fields import Checked, FieldError, build, checked, dump, renamed_keys, require
 from moesim.hw_profiles import HardwareProfile, load_profile
+from moesim.hw_profiles.builtin import profile_files
 from moesim.kernels.windows import MAX_PASS_LIMIT
 from moesim.machine import check_fits
 from moesim.models import ModelPreset, check_weight_format, load_preset
+from moesim.parsing import load_toml
 from moesim.sim.cost.drafters import drafter_tree, make_drafter
-from moesim.sim.cost.steptime import check_engine
+from moesim.sim.cost.steptime import check_family
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
-from moesim.tomlfile import read_toml
+from moesim.tomlfile import check_run_header, read_toml, run_header
 from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.routing.synth import MAX_SEED, make_generator, synth_sizes
 
 SWEEP_FORMAT = "moesim.sweep/1"
+RUN_CONFIG_KEY = "moesim.run_config"  # the results' metadata key of the config resolved (TOML text)
 MAX_ALPHA_POINTS = 10_000_000
 MAX_BATCH = 1 << 20  # sequences verified together
 MAX_CONTEXT = (1 << 31) - 1  # the `context_tokens` column is int32
@@ -167,7 +173,7 @@ class Routing(Checked):
 
 def _file_digest(path: Path) -> str:
     path = resolve_trace(path)  # a built-in trace by name: its file
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "builtin"
+    return file_digest(path) if path.is_file() else "builtin"
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,21 @@ class SweepConfig:
             "simulate": dataclasses.asdict(self.simulate) if g.policies else None,
             "files": {str(p): _file_digest(p) for p in sorted(set(files), key=str)},
         }
+
+    def table(self) -> dict[str, Any]:
+        """The config fully resolved, as the TOML document `parse_config` reads back to it: every
+        section with its defaults, files as the run named them (from its working folder),
+        and `[moesim]` (version, command, the sha256 of every input file, the profiles' among them)."""
+        g = self.grid
+        files = [resolve_trace(p) for p in self.identity["files"]] + [f for p in g.profiles for f in profile_files(p)]
+        doc = {
+            "sweep": dump(self.sweep),
+            "grid": dump(g),
+            "routing": [dump(r) for r in self.routing],
+            **({"simulate": dump(self.simulate)} if g.policies else {}),
+            "moesim": run_header("sweep", [f for f in files if f.is_file()]),
+        }
+        return doc
 
     @cached_property
     def digest(self) -> str:
@@ -240,7 +261,7 @@ def _check_names(config: SweepConfig) -> None:
     for profile in config.profiles.values():
         for family in config.grid.families:
             try:
-                check_engine(profile, family)
+                check_family(profile, family)
             except MoesimError as exc:
                 raise ConfigError(f"{config.key('grid.families')}: {exc}") from None
 
@@ -317,22 +338,22 @@ RENAMED_GRID_KEYS = {"engines": "families"}
 
 def renamed_grid_keys(table: Any, source: str) -> tuple[Any, tuple[str, ...]]:
     """The grid table with renamed keys in their new spelling, and a note for each old one used."""
-    if not isinstance(table, dict):
-        return table, ()
-    out, notes = dict(table), []
-    for old, new in RENAMED_GRID_KEYS.items():
-        if old in out:
-            if new in out:
-                raise ConfigError(f"{source}: key 'grid.{old}': give 'grid.{new}' only ('{old}' is its old name)")
-            out[new] = out.pop(old)
-            notes.append(f"{source}: grid.{old} is now grid.{new} (kernel families; the old key goes in the next release)")
-    return out, tuple(notes)
+    return renamed_keys(table, "grid", RENAMED_GRID_KEYS, "kernel families", source)
 
 
 def load_config(path: str | Path) -> SweepConfig:
-    """Read and check a sweep config file."""
+    """Read and check a sweep config file, or the config a sweep's results carry (a .parquet)."""
     path = Path(path)
-    return parse_config(read_toml(path, "sweep config"), str(path), path.parent)
+    if path.suffix != ".parquet":
+        return parse_config(read_toml(path, "sweep config"), str(path), path.parent)
+    protect(path)
+    try:
+        text = (pq.read_schema(path).metadata or {})[RUN_CONFIG_KEY.encode()].decode()
+    except (OSError, KeyError, UnicodeDecodeError, pa.ArrowException):
+        raise ConfigError(f"{path}: not the results of a sweep that carry their config (metadata '{RUN_CONFIG_KEY}')") from None
+    data = load_toml(text, f"{path} ({RUN_CONFIG_KEY})")
+    check_run_header(data.get("moesim"), str(path), "sweep")
+    return parse_config({k: v for k, v in data.items() if k != "moesim"}, str(path), Path("."))  # paths as the run named them
 
 
 def points_per_unit(config: SweepConfig) -> int:

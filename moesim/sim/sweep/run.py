@@ -32,11 +32,12 @@ import pyarrow.parquet as pq
 
 from moesim.atomic import atomic_path, check_writable
 from moesim.sim.sweep.cells import SimulationTally
-from moesim.sim.sweep.config import SWEEP_FORMAT, SweepConfig, points_per_unit
+from moesim.sim.sweep.config import RUN_CONFIG_KEY, SWEEP_FORMAT, SweepConfig, points_per_unit
 from moesim.sim.sweep.executors import make_executor
 from moesim.sim.sweep.plan import WorkUnit, plan_units
 from moesim.sim.sweep.schema import SCHEMA, TALLY_KEY
 from moesim.sim.sweep.unit import compute_unit
+from moesim.tomlfile import toml_document
 
 Progress = Callable[[int, int], None]
 
@@ -105,7 +106,11 @@ def _compute_to_file(config: SweepConfig, task: tuple[WorkUnit, Path]) -> None:
 def _assemble(config: SweepConfig, out: Path, files: list[Path]) -> tuple[int, SimulationTally]:
     """Stream the unit files, in plan order, into the output (atomically); returns its rows and
     the SimPy cells' tally summed over the units."""
-    metadata = {"moesim.format": SWEEP_FORMAT, "moesim.config": json.dumps(config.identity, sort_keys=True, default=str)}
+    metadata = {
+        "moesim.format": SWEEP_FORMAT,
+        "moesim.config": json.dumps(config.identity, sort_keys=True, default=str),
+        RUN_CONFIG_KEY: toml_document(config.table()),
+    }
     schema = SCHEMA.with_metadata(metadata)
     rows, tallies = 0, []
     with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:

@@ -61,6 +61,15 @@ MIN_EXPERT_BYTES = 1e9
 TIMING = "perf_counter wall time on contexts without the eval callback; per step the minimum over {reps} repetitions"
 
 
+def check_lengths_and_counts(config: object, draft_lens: tuple[int, ...], counts: tuple[str, ...]) -> None:
+    """Raise ConfigError unless the draft lengths are distinct and >= 1 and each named count field is >= 1."""
+    if not draft_lens or min(draft_lens) < 1 or len(set(draft_lens)) != len(draft_lens):
+        raise ConfigError(f"draft lengths must be distinct and >= 1, got {draft_lens}")
+    for name in counts:
+        if getattr(config, name) < 1:
+            raise ConfigError(f"field '{name}' must be >= 1, got {getattr(config, name)}")
+
+
 @dataclass(frozen=True)
 class CpuValidationConfig:
     """What the validation builds, calibrates and measures."""
@@ -85,11 +94,7 @@ class CpuValidationConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
-        if not self.draft_lens or min(self.draft_lens) < 1 or len(set(self.draft_lens)) != len(self.draft_lens):
-            raise ConfigError(f"draft lengths must be distinct and >= 1, got {self.draft_lens}")
-        for name in ("repetitions", "max_tokens", "n_threads", "moe_layers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"field '{name}' must be >= 1, got {getattr(self, name)}")
+        check_lengths_and_counts(self, self.draft_lens, ("repetitions", "max_tokens", "n_threads", "moe_layers"))
         if max(self.draft_lens) + 1 > max(self.bench_pass_sizes):
             raise ConfigError(f"the calibration's pass sizes must reach the longest verify pass ({max(self.draft_lens) + 1} tokens)")
         if expert_weight_bytes(self.target_spec()) < self.min_expert_bytes:

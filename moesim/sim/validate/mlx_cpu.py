@@ -31,7 +31,6 @@ import numpy as np
 import polars as pl
 
 from moesim.atomic import atomic_path, write_text_atomic
-from moesim.errors import ConfigError
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.fitting.calibrate import fit_profile
 from moesim.hw_profiles.measurements.table import load_measurements
@@ -46,6 +45,7 @@ from moesim.sim.validate.llamacpp_cpu import (
     PROMPTS,
     MeasuredRuns,
     Progress,
+    check_lengths_and_counts,
     measure,
     min_over_repetitions,
     preset_from_tiny_spec,
@@ -82,11 +82,7 @@ class MlxValidationConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
-        if not self.draft_lens or min(self.draft_lens) < 1 or len(set(self.draft_lens)) != len(self.draft_lens):
-            raise ConfigError(f"draft lengths must be distinct and >= 1, got {self.draft_lens}")
-        for name in ("repetitions", "max_tokens", "moe_layers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"field '{name}' must be >= 1, got {getattr(self, name)}")
+        check_lengths_and_counts(self, self.draft_lens, ("repetitions", "max_tokens", "moe_layers"))
 
     def target_spec(self) -> TinyModelSpec:
         """The target: the calibrated expert shape in a Mixtral-style model (the dense twins' attention)."""

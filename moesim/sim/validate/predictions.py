@@ -31,13 +31,13 @@ RUN_SUFFIXES = (".arrow", ".ipc", ".feather")
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    """How to predict: the profile, a default trace, the target preset and engine family of pass
+    """How to predict: the profile, a default trace, the target preset and kernel family of pass
     rows, the KV length of pass rows that carry no position, and row filters (COL=VALUE)."""
 
     profile: str
     trace: Path | None = None
     model: str | None = None
-    engine: str | None = None
+    family: str | None = None
     context_tokens: int = 512
     filters: tuple[str, ...] = ()
 
@@ -96,9 +96,9 @@ class Context:
         self._traces: dict[Path, Trace] = {}
         self._presets: dict[str, ModelPreset] = {}
         families = self.profile.expert_families
-        if options.engine is not None and options.engine not in families:
+        if options.family is not None and options.family not in families:
             known = ", ".join(families)
-            raise InputError(f"--family '{options.engine}': profile '{self.profile.name}' has no such expert family ({known})")
+            raise InputError(f"--family '{options.family}': profile '{self.profile.name}' has no such expert family ({known})")
         if options.model is not None:
             self.preset(options.model)
 

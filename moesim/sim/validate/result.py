@@ -13,7 +13,9 @@ from moesim.atomic import check_out_dir, output_dir
 from moesim.errors import InputError
 from moesim.filters import apply_filters, parse_filters
 from moesim.hw_profiles.measurements.table import load_measurements
+from moesim.hw_profiles.microbench.plan import PLAN_NAME, Plan, write_plan
 from moesim.kernels.features import consecutive_runs
+from moesim.sim.analysis.gaps import gap_plan, table_gaps
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.validate.metrics import (
     DedupValidation,
@@ -30,6 +32,7 @@ from moesim.sim.validate.predictions import (
 )
 from moesim.sim.validate.rows import Table, predict_table, spec_rows
 from moesim.sim.validate.runs import predict_run, speculative_curves_of
+from moesim.tomlfile import RUN_CONFIG
 from moesim.tracegen.formats.specrun import read_spec_run
 
 # ---- the result -----------------------------------------------------------------------------------
@@ -44,6 +47,7 @@ class Validation:
     dedup: list[DedupValidation]
     speculative: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    source: str = ""  # the inputs and profile, as the measurement plan names them
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` object."""
@@ -128,11 +132,20 @@ class Validation:
         ]
         return pl.DataFrame(rows)
 
-    def write(self, out_dir: Path, force: bool = False) -> Path:
-        """Write `out_dir`/predictions.parquet (atomically; the folder is made if missing)."""
+    def plan(self) -> Plan:
+        """The measurement plan of the rows priced from fitted or extrapolated rungs (`moesim.sim.analysis.gaps`)."""
+        gaps, share, notes = table_gaps(self.predictions)
+        return gap_plan(gaps, share, self.source, self.profile, notes)
+
+    def write(self, out_dir: Path, force: bool = False, config: str = "") -> Path:
+        """Write `out_dir`/predictions.parquet, plan.toml and, when given, the run's `config` as
+        config.toml (each atomically; the folder is made if missing)."""
         check_predictions_dir(out_dir, force)
         with output_dir(out_dir, force) as staging:
             self.predictions.write_parquet(staging / "predictions.parquet")
+            write_plan(staging / PLAN_NAME, self.plan())
+            if config:
+                (staging / RUN_CONFIG).write_text(config)
         return out_dir / "predictions.parquet"
 
 
@@ -185,4 +198,5 @@ def validate(measured: list[Path], options: ValidateOptions) -> Validation:
         )
     predictions = predictions.drop("_scope", "_extrapolation")
     predictions = predictions.drop("_source") if len(measured) == 1 else predictions.rename({"_source": "source"})
-    return Validation(ctx.profile.name, predictions, dedup, speculative, ctx.warnings)
+    source = f"validate {' '.join(p.name for p in measured)} --profile {Path(options.profile).name}"
+    return Validation(ctx.profile.name, predictions, dedup, speculative, ctx.warnings, source)

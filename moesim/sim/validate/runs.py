@@ -26,29 +26,29 @@ from moesim.tracegen.formats.specrun import SpecRun
 
 def run_family(ctx: Context, source: Path) -> str:
     """The family of a run's kernel: --family, else the profile's only expert family."""
-    engine = ctx.options.engine
+    family = ctx.options.family
     families = list(ctx.profile.expert_families)
-    if engine is None:
+    if family is None:
         if len(families) != 1:
             raise InputError(f"{source}: profile '{ctx.profile.name}' has several expert families ({', '.join(families)}): give --family")
-        engine = families[0]
-    ctx.family(engine, f"{source}: --family")
-    return engine
+        family = families[0]
+    ctx.family(family, f"{source}: --family")
+    return family
 
 
 def predict_run(run: SpecRun, source: Path, ctx: Context) -> tuple[pl.DataFrame, StepTimeModel]:
     """One row per verify step: the measured pass and its prediction through the step-time model."""
     g = run.meta.geometry
-    engine = run_family(ctx, source)
+    family = run_family(ctx, source)
     preset = target_preset(ctx.options.model or g.model, f"{source}", ctx, g)
-    model = StepTimeModel(preset, ctx.profile, engine, g.weight_format)
+    model = StepTimeModel(preset, ctx.profile, family, g.weight_format)
     steps = run.steps
     n_tokens = (steps["drafted"].cast(pl.Int64) + 1).to_numpy()
     predicted = pass_prediction(model, *verify_passes(run))
     plain = [s.plain_decode_us for s in run.meta.sequences]
     frame = pl.DataFrame(
         {
-            "kernel": engine,
+            "kernel": family,
             "model": g.model,
             "draft_model": run.meta.draft_model,
             "_scope": "pass",

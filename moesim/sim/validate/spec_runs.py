@@ -34,7 +34,7 @@ from moesim.hw_profiles.speculative import SpecPath
 from moesim.models import load_preset
 from moesim.sim.analysis.scenario import Scenario, expected_costs
 from moesim.sim.cost.drafters import draft_steps, draft_us, make_drafter
-from moesim.sim.cost.steptime import StepTimeModel, default_engine
+from moesim.sim.cost.steptime import StepTimeModel, default_family
 from moesim.sim.cost.tree import TreeSpec, solve_alpha
 from moesim.tomlfile import read_toml
 from moesim.tracegen.routing.synth import Uniform, synthesize
@@ -126,7 +126,7 @@ def run_costs(description: RunDescription, runs: pl.DataFrame, seed: int = 0) ->
     drafter = make_drafter(description.drafter, preset, fmt)
     width = drafter.tree.width(description.draft_len)
     trace = synthesize(preset, Uniform(), max(512, 2 * width), 2, seed, fmt)
-    scenario = Scenario(StepTimeModel(preset, profile, default_engine(profile), fmt), trace, drafter, description.context_tokens)
+    scenario = Scenario(StepTimeModel(preset, profile, default_family(profile), fmt), trace, drafter, description.context_tokens)
     single, verify = expected_costs(scenario, np.array([1, width])).total_us()
     drafted = draft_us(drafter, np.array([description.draft_len]), description.context_tokens, scenario.dense_us)
     return RunCosts(
@@ -314,7 +314,7 @@ def judge_verdicts(published: list[PublishedRun], setting: dict[str, object] = J
     profile = load_profile(str(setting["profile"]))
     fmt, context = str(setting["weight_format"]), int(setting["context_tokens"])  # type: ignore[call-overload]
     trace = synthesize(preset, Uniform(), 256, 2, 0, fmt)
-    model = StepTimeModel(preset, profile, default_engine(profile), fmt)
+    model = StepTimeModel(preset, profile, default_family(profile), fmt)
     records = []
     for run in published:
         drafter = make_drafter("eagle3" + (f",{run.tree.label()}" if not run.tree.is_chain else ""), preset, fmt)

@@ -49,7 +49,7 @@ from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.importers import hf_logits, moe_trace, table, vllm  # noqa: F401 (they register their importers)
 from moesim.tracegen.importers.common import load_arrays, source_record
-from moesim.tracegen.importers.registry import IMPORTERS
+from moesim.tracegen.importers.registry import ROUTING_SOURCES
 from moesim.tracegen.importers.table import table_suffix
 
 AUTO = "auto"
@@ -81,10 +81,10 @@ def import_routing(
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file or folder")
-    if source != AUTO and source not in IMPORTERS:
-        raise InputError(IMPORTERS.unknown(source, AUTO))
+    if source != AUTO and source not in ROUTING_SOURCES:
+        raise InputError(ROUTING_SOURCES.unknown(source, AUTO))
     name = detect_source(path) if source == AUTO else source
-    trace = IMPORTERS.create(name).read(path, geometry, normalize)
+    trace = ROUTING_SOURCES.create(name).read(path, geometry, normalize)
     record = {**(provenance or {}), **source_record(path)}
     return dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, provenance=record)) if record else trace
 

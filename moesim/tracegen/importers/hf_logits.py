@@ -13,7 +13,7 @@ from moesim.errors import InputError
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
 from moesim.tracegen.importers.common import Sequence, assemble, load_arrays
-from moesim.tracegen.importers.registry import IMPORTERS
+from moesim.tracegen.importers.registry import ROUTING_SOURCES
 
 _LOGITS_KEY = re.compile(r"^router_logits\.(\d+)$")
 
@@ -30,7 +30,7 @@ def top_k_from_logits(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.n
     return ids, weights.astype(np.float32)
 
 
-@IMPORTERS.register
+@ROUTING_SOURCES.register
 @dataclass(frozen=True)
 class HFLogitsImporter:
     """Hugging Face transformers router logits (`output_router_logits`) in .safetensors or .npz."""

@@ -23,7 +23,7 @@ from moesim.errors import InputError
 from moesim.parsing import load_json
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
-from moesim.tracegen.importers.registry import IMPORTERS
+from moesim.tracegen.importers.registry import ROUTING_SOURCES
 from moesim.tracegen.importers.table import read_table, routing_from_frame
 
 METADATA_KEY = b"moe_trace"
@@ -55,7 +55,7 @@ def traced_model(path: Path) -> str:
     return str(meta["model"])
 
 
-@IMPORTERS.register
+@ROUTING_SOURCES.register
 @dataclass(frozen=True)
 class MoeTraceImporter:
     """A Parquet routing table with `moe_trace` metadata (see the module docstring)."""

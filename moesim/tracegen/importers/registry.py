@@ -21,4 +21,4 @@ class RoutingImporter(Protocol):
         ...
 
 
-IMPORTERS: Registry[RoutingImporter] = Registry("routing source", InputError)
+ROUTING_SOURCES: Registry[RoutingImporter] = Registry("routing source", InputError)

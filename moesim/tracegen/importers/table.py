@@ -13,7 +13,7 @@ from moesim.errors import InputError, first_line
 from moesim.tracegen.formats.schema import TraceGeometry, groups_of
 from moesim.tracegen.formats.trace import Trace
 from moesim.tracegen.importers.common import Sequence, assemble
-from moesim.tracegen.importers.registry import IMPORTERS
+from moesim.tracegen.importers.registry import ROUTING_SOURCES
 
 TABLE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 
@@ -61,7 +61,7 @@ def _cast(frame: pl.DataFrame, name: str, dtype: pl.DataType, path: Path) -> np.
     return column.to_numpy()
 
 
-@IMPORTERS.register
+@ROUTING_SOURCES.register
 @dataclass(frozen=True)
 class TableImporter:
     """A Parquet/CSV table of routing rows, long (one id per row) or wide (a token's k ids per row)."""

@@ -12,10 +12,10 @@ from moesim.errors import InputError
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.formats.trace import Trace
 from moesim.tracegen.importers.common import Sequence, assemble, load_arrays
-from moesim.tracegen.importers.registry import IMPORTERS
+from moesim.tracegen.importers.registry import ROUTING_SOURCES
 
 
-@IMPORTERS.register
+@ROUTING_SOURCES.register
 @dataclass(frozen=True)
 class VllmImporter:
     """`.npz` step files from the documented vLLM hook (a folder in name order, or one file)."""

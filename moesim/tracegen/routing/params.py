@@ -6,6 +6,8 @@ TOML: `format = "moesim-routing-params"`, version 1, `generator` and its paramet
 mapped onto a preset with another number of MoE layers by relative depth (linear
 interpolation), so a fitted trace can drive studies of models no one has traced. Built-in
 parameter files (`BUILTIN_PARAMS`, fitted to the built-in real trace) are named like files.
+`generator_from_options` is `trace synth`'s choice among the generators and parameter files
+(here, above `synth`, so the generators never import their parameter files).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import numpy as np
 from moesim.atomic import write_text_atomic
 from moesim.errors import InputError
 from moesim.fields import Checked, FieldError, build, checked
+from moesim.models import ModelPreset
 from moesim.tomlfile import read_toml
 from moesim.tracegen.formats.builtin import builtin_data_dir, resolve_trace
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.routing.fit import FitResult
-from moesim.tracegen.routing.synth import GENERATORS, RoutingGenerator, make_generator
+from moesim.tracegen.routing.synth import GENERATORS, RoutingGenerator, Sticky, Uniform, Zipf, make_generator
 
 PARAMS_FORMAT = "moesim-routing-params"
 PARAMS_FORMAT_VERSION = 1
@@ -148,3 +151,37 @@ def load_params(path: str | Path, geometry: TraceGeometry) -> RoutingGenerator:
 def _numbers(value: Any) -> bool:
     items = value if isinstance(value, list) else [value]
     return all(isinstance(v, int | float) and not isinstance(v, bool) for v in items)
+
+
+DEFAULT_PARAMS = "esft-vanilla-lite-working-set"  # the working set fitted to the built-in real trace
+
+
+def is_default_routing(uniform: bool, sticky: float | None, zipf: float, params: Path | None) -> bool:
+    """Whether `trace synth` was given no routing option (it then draws from `DEFAULT_PARAMS`)."""
+    return not uniform and sticky is None and not zipf and params is None
+
+
+def generator_from_options(
+    preset: ModelPreset,
+    uniform: bool = False,
+    sticky: float | None = None,
+    zipf: float = 0.0,
+    params: Path | None = None,
+    weight_format: str | None = None,
+) -> RoutingGenerator:
+    """`trace synth`'s choice: uniform, sticky (keep probability, optional Zipf skew), Zipf alone,
+    or a fitted parameter file mapped onto the preset's layers; default (none of them) the
+    generator fitted to the built-in real trace (`DEFAULT_PARAMS`)."""
+    if uniform and sticky is not None:
+        raise InputError("--uniform and --sticky exclude each other")
+    if uniform and zipf:
+        raise InputError("--uniform and --zipf exclude each other")
+    if is_default_routing(uniform, sticky, zipf, params):
+        params = Path(DEFAULT_PARAMS)
+    if params is not None:
+        if uniform or sticky is not None or zipf:
+            raise InputError("--params excludes --uniform, --sticky and --zipf")
+        return load_params(params, TraceGeometry.from_preset(preset, weight_format, "synthetic routing"))
+    if sticky is not None:
+        return Sticky(keep_prob=sticky, zipf_exponent=zipf)
+    return Zipf(exponent=zipf) if zipf else Uniform()

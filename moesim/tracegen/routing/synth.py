@@ -375,39 +375,3 @@ def synthesize_to(
                 writer.append(s, 0, ids[starts[s] - starts[first] : starts[s + 1] - starts[first]], False)
                 writer.end_sequence()
     return meta
-
-
-DEFAULT_PARAMS = "esft-vanilla-lite-working-set"  # the working set fitted to the built-in real trace
-
-
-def is_default_routing(uniform: bool, sticky: float | None, zipf: float, params: Path | None) -> bool:
-    """Whether `trace synth` was given no routing option (it then draws from `DEFAULT_PARAMS`)."""
-    return not uniform and sticky is None and not zipf and params is None
-
-
-def generator_from_options(
-    preset: ModelPreset,
-    uniform: bool = False,
-    sticky: float | None = None,
-    zipf: float = 0.0,
-    params: Path | None = None,
-    weight_format: str | None = None,
-) -> RoutingGenerator:
-    """`trace synth`'s choice: uniform, sticky (keep probability, optional Zipf skew), Zipf alone,
-    or a fitted parameter file mapped onto the preset's layers; default (none of them) the
-    generator fitted to the built-in real trace (`DEFAULT_PARAMS`)."""
-    if uniform and sticky is not None:
-        raise InputError("--uniform and --sticky exclude each other")
-    if uniform and zipf:
-        raise InputError("--uniform and --zipf exclude each other")
-    if is_default_routing(uniform, sticky, zipf, params):
-        params = Path(DEFAULT_PARAMS)
-    if params is not None:
-        from moesim.tracegen.routing.params import load_params  # parameter files build on the generators
-
-        if uniform or sticky is not None or zipf:
-            raise InputError("--params excludes --uniform, --sticky and --zipf")
-        return load_params(params, TraceGeometry.from_preset(preset, weight_format, "synthetic routing"))
-    if sticky is not None:
-        return Sticky(keep_prob=sticky, zipf_exponent=zipf)
-    return Zipf(exponent=zipf) if zipf else Uniform()

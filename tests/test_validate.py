@@ -244,7 +244,8 @@ def test_out_writes_predictions_atomically(cli, tmp_path: Path) -> None:  # type
     rungs = ["rung", "rung_exact_share", "rung_interpolated_share", "rung_fitted_share", "rung_extrapolated_share"]
     assert written.columns == [*source.columns, "predicted_us", "predicted_low_us", "predicted_high_us", *rungs, "extrapolated"]
     assert written.select(source.columns).equals(source)
-    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "config.toml", "plan.toml", "predictions.parquet"]  # and the list of moesim's files
+    # and the list of moesim's files
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "config.toml", "plan.toml", "predictions.parquet"]
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert_one_line_error(*cli("validate", H200, "--profile", "nvidia-h200", "--out", blocker)[::2], "output folder path is a file")

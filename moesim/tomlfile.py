@@ -81,12 +81,30 @@ def toml_document(doc: dict[str, Any], prefix: str = "") -> str:
     return text if prefix else text + "\n"
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_PREFIX = "moesim:"
+
+
+def input_name(path: str | Path) -> str:
+    """An input's name in a written config: a file of moesim's own (a built-in profile, trace or
+    table) as `moesim:RELATIVE/PATH`, whatever folder moesim is installed in; any other as the run named it."""
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(PACKAGE_DIR):
+        return PACKAGE_PREFIX + resolved.relative_to(PACKAGE_DIR).as_posix()
+    return str(path)
+
+
+def input_path(name: str) -> Path:
+    """The file an input's name in a written config stands for (`input_name` undone)."""
+    return PACKAGE_DIR / name.removeprefix(PACKAGE_PREFIX) if name.startswith(PACKAGE_PREFIX) else Path(name)
+
+
 def run_header(command: str, files: Iterable[str | Path]) -> dict[str, Any]:
     """The `[moesim]` table of a written config: moesim's version, the command that wrote the
     output, and the sha256 of every input file (by its path as the run named it: a relative one
-    from the run's working folder, where a rerun runs)."""
-    paths = sorted({str(p) for p in files})
-    return {"version": __version__, "command": command, "files": {p: file_digest(Path(p)) for p in paths}}
+    from the run's working folder, where a rerun runs; moesim's own files by `input_name`)."""
+    paths = sorted({input_name(p): Path(p) for p in files}.items())
+    return {"version": __version__, "command": command, "files": {name: file_digest(p) for name, p in paths}}
 
 
 def check_run_header(header: Any, source: str, command: str) -> None:
@@ -98,7 +116,7 @@ def check_run_header(header: Any, source: str, command: str) -> None:
     if header.get("command") != command:
         raise ConfigError(f"{source}: key 'moesim.command': written by '{header.get('command')}', not by '{command}'")
     for path, digest in header.get("files", {}).items():
-        if not Path(path).is_file():
+        if not input_path(path).is_file():
             raise ConfigError(f"{source}: key 'moesim.files': input {path} is not there (rerun from the run's working folder)")
-        if file_digest(Path(path)) != digest:
+        if file_digest(input_path(path)) != digest:
             raise ConfigError(f"{source}: key 'moesim.files': input {path} changed since the run (its sha256 differs)")

@@ -7,12 +7,14 @@ changed input refuses the rerun in one line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 from conftest import DATA, REPO, assert_one_line_error
 
+import moesim
 from moesim.atomic import MANIFEST
 from moesim.models import load_preset
 from moesim.parsing import load_toml
@@ -104,7 +106,9 @@ def test_a_simulation_reruns_from_its_config_to_the_same_bytes(cli, tmp_path: Pa
     written = load_toml((tmp_path / "a" / RUN_CONFIG).read_text(), "config")
     assert written["moesim"]["command"] == "simulate" and written["run"]["duration_s"] == 0.0  # defaults filled
     assert written["drafter"] == {"kind": "preset", "model": "qwen3-0.6b", "argument": "", "tree": "", "device": ""}
-    assert any(path.endswith("nvidia-h200.toml") for path in written["moesim"]["files"])  # the profile by its content
+    # the built-in profile by its content, named inside the package wherever moesim is installed
+    profile = written["moesim"]["files"]["moesim:hw_profiles/profiles/nvidia-h200.toml"]
+    assert profile == hashlib.sha256((Path(moesim.__file__).parent / "hw_profiles/profiles/nvidia-h200.toml").read_bytes()).hexdigest()
     assert cli("simulate", tmp_path / "a" / RUN_CONFIG, "--out", tmp_path / "b")[0] == 0
     assert cli("rerun", tmp_path / "a" / RUN_CONFIG, "--out", tmp_path / "c")[0] == 0
     first = _files(tmp_path / "a")

@@ -23,6 +23,7 @@ FieldError naming the key path), for tables that come from elsewhere (generator 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -73,6 +74,9 @@ class Bounds:
             return None
         if isinstance(value, float) and self.finite and not math.isfinite(value):
             return f"must be a finite number, got {value}"
+        if ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt)):  # fmt: skip
+            return None  # within every bound (a NaN fails each comparison and is judged below)
         for limit, ok, sign in (
             (self.ge, lambda v, b: v >= b, ">="),
             (self.gt, lambda v, b: v > b, ">"),
@@ -194,9 +198,26 @@ def _type_name(annotation: Any) -> str:
 _NO = object()
 
 
+_SCALARS: dict[Any, Callable[[Any], Any]] = {  # `_convert` of each scalar annotation, as one call
+    bool: lambda v: v if isinstance(v, bool) else _NO,
+    int: lambda v: v if isinstance(v, int) and not isinstance(v, bool) else _NO,
+    float: lambda v: float(v) if _number(v) else _NO,
+    str: lambda v: v if isinstance(v, str) else _NO,
+}
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """`typing.get_type_hints` of a class, evaluated once (its annotations are strings)."""
+    return typing.get_type_hints(cls)
+
+
 def _convert(annotation: Any, value: Any, base_dir: Path, key: str) -> Any:
     """The value converted to the annotation's type, or _NO when it does not fit (a nested table's
     own problem is a FieldError naming its key path)."""
+    scalar = _SCALARS.get(annotation)
+    if scalar is not None:
+        return scalar(value)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
@@ -210,6 +231,10 @@ def _convert(annotation: Any, value: Any, base_dir: Path, key: str) -> Any:
         if not isinstance(value, list | tuple):
             return _NO
         item_type = typing.get_args(annotation)[0]
+        scalar = _SCALARS.get(item_type)
+        if scalar is not None:  # a column of numbers or strings, item by item without the dispatch below
+            items = [scalar(v) for v in value]
+            return _NO if _NO in items else tuple(items)
         items = [_convert(item_type, v, base_dir, f"{key}[{i}]") for i, v in enumerate(value)]
         return _NO if any(i is _NO for i in items) else tuple(items)
     if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
@@ -219,14 +244,6 @@ def _convert(annotation: Any, value: Any, base_dir: Path, key: str) -> Any:
             return construct(annotation, value, base_dir)
         except FieldError as exc:
             raise FieldError(f"{key}.{exc.field}", exc.detail) from None
-    if annotation is bool:
-        return value if isinstance(value, bool) else _NO
-    if annotation is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _NO
-    if annotation is float:
-        return float(value) if _number(value) else _NO
-    if annotation is str:
-        return value if isinstance(value, str) else _NO
     if annotation is Path:
         return (base_dir / value) if isinstance(value, str) and value else _NO
     if origin is dict or annotation is dict:
@@ -241,7 +258,7 @@ def construct(cls: type, table: Any, base_dir: Path = Path("."), skip: tuple[str
     keys, each value's type and every field's bounds checked; any problem is a FieldError of its key path."""
     if not isinstance(table, dict):
         raise FieldError("", f"must be a table, got {_shown(table)}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in table:
         if key not in fields and key not in skip:

@@ -99,8 +99,7 @@ def parse_int_ranges(text: str, what: str, low: int, high: int, max_count: int) 
 
 def _check_depth(tokens: re.Pattern[str], text: str, where: str, max_depth: int) -> None:
     depth = 0
-    for match in tokens.finditer(text):
-        char = match.group()
+    for char in tokens.findall(text):  # the tokens' text (the patterns hold no groups)
         if char in "[{":
             depth += 1
             if depth > max_depth:
@@ -153,9 +152,11 @@ def load_toml(text: str, where: str, max_depth: int = MAX_DEPTH) -> dict[str, An
             raise InputError(f"{where}: key '{key}' nested more than {max_depth} levels deep")
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for name, value in items:
+            wide = isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64
+            if not wide and not isinstance(value, dict | list):
+                continue  # a value within range: no key path to spell
             path = f"{key}.{name}" if isinstance(name, str) and key else str(name) if not key else f"{key}[{name}]"
-            if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+            if wide:
                 raise InputError(f"{where}: key '{path}': integer out of range (more than 64 bits)")
-            if isinstance(value, dict | list):
-                stack.append((value, path, depth + 1))
+            stack.append((value, path, depth + 1))
     return data

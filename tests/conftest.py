@@ -1,11 +1,12 @@
-"""Shared fixtures: the CLI run in-process, one demo run per test session, the repository's data
-folder, and the one way tests build a `Server` (`make_server`)."""
+"""Shared fixtures: the CLI run in-process, one demo run per test run (shared by xdist's workers),
+the repository's data folder, and the one way tests build a `Server` (`make_server`)."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from hypothesis import HealthCheck, settings
 
 # rich fixes a console's width to COLUMNS when the console is made (moesim.cli.render makes its
@@ -77,10 +79,8 @@ class DemoRun:
 DEMO_COLUMNS = 80  # the demo runs in a newcomer's 80-column terminal
 
 
-@pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    """The demo, run once per test session through the CLI at 80 columns and shared by every test reading its outputs."""
-    out_dir = tmp_path_factory.mktemp("demo") / "report"
+def _run_demo(out_dir: Path) -> DemoRun:
+    """`moesim demo --out OUT_DIR` through the CLI in-process at 80 columns."""
     stdout, stderr = io.StringIO(), io.StringIO()
     columns = os.environ["COLUMNS"]
     os.environ["COLUMNS"] = str(DEMO_COLUMNS)
@@ -90,6 +90,24 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     finally:
         os.environ["COLUMNS"] = columns
     return DemoRun(code, stdout.getvalue(), stderr.getvalue(), out_dir)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The demo, run once per test run and shared by every test reading its outputs: under xdist the
+    first worker to need it runs it in the run's own temporary folder (above each worker's), holding
+    a file lock, and writes what it printed beside it; the others wait on the lock and read that."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: nothing to share
+        return _run_demo(tmp_path_factory.mktemp("demo") / "report")
+    root = tmp_path_factory.getbasetemp().parent
+    printed = root / "demo.json"
+    with FileLock(root / "demo.lock"):
+        if not printed.is_file():
+            (root / "demo").mkdir()
+            run = _run_demo(root / "demo" / "report")
+            printed.write_text(json.dumps({"code": run.code, "out": run.out, "err": run.err}))
+        shown = json.loads(printed.read_text())
+    return DemoRun(shown["code"], shown["out"], shown["err"], root / "demo" / "report")
 
 
 def assert_one_line_error(code: int, err: str, *fragments: str) -> None:

@@ -10,6 +10,7 @@ current model's. Knots live inside the profile TOML as columns of `[families.<na
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,7 @@ class GridTable:
         for name in COLUMNS:
             values = getattr(self, name)
             require(len(values) == rows, name, f"holds {len(values)} values, but 'shape' holds {rows}: one per knot")
-            require(all(np.isfinite(v) and v >= 0 for v in values), name, "must hold finite numbers >= 0")
+            require(all(math.isfinite(v) and v >= 0 for v in values), name, "must hold finite numbers >= 0")
         for name in ("n_tokens", "slots", "time_us", "repeats"):
             require(all(v > 0 for v in getattr(self, name)), name, "must hold numbers > 0")
         for label in set(self.shape):

@@ -259,7 +259,7 @@ def server_open_loop(
 
 def open_loops(trace: Trace, repeats: int) -> dict[str, float]:
     """Case 4 (see the module docstring): per case the lane's rate, printed with the references'."""
-    profile, engine = "nvidia-h200-vllm", "dispatch"
+    profile, family = "nvidia-h200-vllm", "dispatch"
     h200 = catalog()["nvidia-h200"]
     full = kv_budget(MemorySection(), QWEN3, "BF16", None, h200, Parallelism(), None)
     third = (32 // 3) * -(-(512 + 256 + 3) // 16)  # pages for a third of the batch at full length
@@ -270,8 +270,8 @@ def open_loops(trace: Trace, repeats: int) -> dict[str, float]:
     }
     rates: dict[str, float] = {}
     for policy in (Static(k=3), Off()):
-        fast = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3))
-        reference = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3), compiled=False)
+        fast = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), family), trace, make_drafter("ngram", QWEN3))
+        reference = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), family), trace, make_drafter("ngram", QWEN3), compiled=False)
         chunked = Scheduling(full, chunked_prefill=True, token_budget=2048)
         pilot = server_open_loop(trace, fast, chunked, policy, Arrivals(concurrency=32), requests=500)
         arrivals = Arrivals(kind="poisson", rate_per_s=500 / (pilot[2] / 1e6))  # the closed loop's completion rate
@@ -285,7 +285,7 @@ def open_loops(trace: Trace, repeats: int) -> dict[str, float]:
             rates[f"{label}, {name}"] = lane[1] / lane[0]
             print(
                 f"simpy server,      open loop, Poisson at {arrivals.rate_per_s:.2f} requests/s, 2,000 requests of 512+256 tokens, "
-                f"batch cap 32 (mean {lane[4]:.1f}), {name}, step-time model ({profile}, engine {engine}), KV pages + chunked prefill"
+                f"batch cap 32 (mean {lane[4]:.1f}), {name}, step-time model ({profile}, family {family}), KV pages + chunked prefill"
                 f"{memory} ({lane[5]} preemptions): the compiled lane {lane[1] / lane[0]:,.0f} iterations/s; the Python loop "
                 f"{loop[1] / loop[0]:,.0f} (lane {loop[0] / lane[0]:.1f}x); the numpy reference {ref[1] / ref[0]:,.0f} "
                 f"(lane {ref[0] / lane[0]:.1f}x), same iterations, passes and end time"
@@ -336,7 +336,7 @@ def main() -> None:
     wall_loop, end_loop, passes_loop = best_of(repeats, lambda: plain_loop_batch1(3, int(args.passes * 2.5)))
     wall, end_us, passes = best_of(repeats, lambda: server_batch1(Static(k=3), args.passes))
     wall_py, end_py, passes_py = best_of(repeats, lambda: server_batch1(Static(k=3), args.passes, lane=False))
-    assert passes == passes_loop == passes_py and abs(end_us - end_loop) <= 1e-6 * end_loop, "engine and plain loop disagree"
+    assert passes == passes_loop == passes_py and abs(end_us - end_loop) <= 1e-6 * end_loop, "server and plain loop disagree"
     assert end_us == end_py, "the lane and the server's Python loop disagree"
     print(f"plain-python loop, batch 1, static k=3: {passes_loop / wall_loop:,.0f} passes/s ({passes_loop} passes)")
     print(f"simpy server,      batch 1, static k=3: {passes / wall:,.0f} passes/s, {wall / wall_loop:.2f}x the plain loop's time")
@@ -364,15 +364,15 @@ def main() -> None:
     )
     lane_and_loop("batch 32, union cost (protocol: no lane)", repeats, lambda lane: server_batch32(trace, duration_us, numba_cost, lane))
     step_rates = {}
-    for engine in ("dedup", "best"):
-        step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), engine), trace, make_drafter("ngram", QWEN3))
+    for family in ("dedup", "best"):
+        step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile("nvidia-h200"), family), trace, make_drafter("ngram", QWEN3))
         _, pilot_iters = server_batch32(trace, 1e6, step_cost)
         duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
         print(
             f"simpy server,      batch 32, static k=3, the trace-driven step-time model (TraceBatchCost: union counter + "
-            f"nvidia-h200 profile, engine {engine}):"
+            f"nvidia-h200 profile, family {family}):"
         )
-        step_rates[engine] = lane_and_loop(
+        step_rates[family] = lane_and_loop(
             "requests never finish", repeats, lambda lane, cost=step_cost, d=duration_us: server_batch32(trace, d, cost, lane)
         )
     h200 = catalog()["nvidia-h200"]
@@ -380,11 +380,11 @@ def main() -> None:
     serving = Scheduling(budget, chunked_prefill=True, token_budget=2048)
     serving_rates = {}
     # vLLM's fused MoE on the H200 (an engine profile: its families run compiled) with vLLM's own
-    # dispatch, as a vLLM server with chunked prefill runs; and the lab H200 profile (engine best),
+    # dispatch, as a vLLM server with chunked prefill runs; and the lab H200 profile (family best),
     # whose lookup ladder prices a pass size through its per-(U, M) tables once tabled, in numpy before
-    for profile, engine in (("nvidia-h200-vllm", "dispatch"), ("nvidia-h200", "best")):
+    for profile, family in (("nvidia-h200-vllm", "dispatch"), ("nvidia-h200", "best")):
         for label, scheduling in (("KV pages + chunked prefill", serving), ("neither (whole prefills)", Scheduling())):
-            step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3))
+            step_cost = TraceBatchCost(StepTimeModel(QWEN3, load_profile(profile), family), trace, make_drafter("ngram", QWEN3))
             _, pilot_iters, *_ = server_serving(trace, 1e6, step_cost, scheduling)
             duration_us = 1e6 * args.iterations / max(pilot_iters, 1)
             server_serving(trace, duration_us, step_cost, scheduling)  # start-up: the pass sizes' tables (cached on disk between runs)
@@ -392,11 +392,11 @@ def main() -> None:
             wall_sv, iters_sv, prefills, end_sv, passes_sv = fast
             serving_rates[profile, label] = iters_sv / wall_sv
             print(
-                f"simpy server,      batch 32, static k=3, step-time model ({profile}, engine {engine}), 512+256-token requests, "
+                f"simpy server,      batch 32, static k=3, step-time model ({profile}, family {family}), 512+256-token requests, "
                 f"{label}: {iters_sv / wall_sv:,.0f} iterations/s ({prefills} of {iters_sv} iterations prefilled)"
             )
             reference_cost = TraceBatchCost(
-                StepTimeModel(QWEN3, load_profile(profile), engine), trace, make_drafter("ngram", QWEN3), compiled=False
+                StepTimeModel(QWEN3, load_profile(profile), family), trace, make_drafter("ngram", QWEN3), compiled=False
             )
             server_serving(trace, duration_us, reference_cost, scheduling, lane=False)  # the same start-up
             ref = best_of(repeats, lambda c=reference_cost, d=duration_us, sc=scheduling: server_serving(trace, d, c, sc, lane=False))

@@ -25,6 +25,7 @@ from moesim.hw_profiles.fitting.pooled.pool_validation import (
     stated_transfer,
 )
 from moesim.hw_profiles.importers import ImportOptions, import_table
+from moesim.hw_profiles.importers.rows import decode_scope, prompt_scope
 
 TABLE = REPO / "data" / "public-bench" / "moe_pass_times.csv"
 
@@ -36,6 +37,24 @@ def _half(series: tuple[int, ...], first: int) -> tuple[float, str, int | None, 
     errors = np.abs(predicted_rows(held, result.fit.profile)["error_%"].drop_nulls().to_numpy())
     assert errors.size == held.height
     return float(np.median(errors)), result.choice.sentence(), result.learned_limit, result.source_limit
+
+
+@pytest.mark.parametrize(("tokens", "ubatch", "depth"), [(512, 512, 0), (2048, 256, 0), (512, 128, 4096), (7, 1, 3)])
+def test_a_prompt_token_attends_over_what_the_causal_mask_lets_it_read(tokens: int, ubatch: int, depth: int) -> None:
+    """Against the mask itself: pass j of a ppN @ dD test holds U query rows over D + j·U keys, row i
+    (0-based) masked beyond key D + (j-1)·U + i; the context is the mean of the unmasked keys per row."""
+    scope = prompt_scope(tokens, ubatch, depth)
+    attended = []
+    for j in range(1, scope.passes + 1):
+        keys = depth + j * scope.n_tokens
+        attended.extend(np.tril(np.ones((scope.n_tokens, keys)), k=keys - scope.n_tokens).sum(axis=1))
+    assert scope.context_tokens == pytest.approx(np.mean(attended))
+
+
+def test_a_decode_token_attends_over_its_whole_context() -> None:
+    """B sequences of one new token each, at contexts pp + j (j = 1..N): every row sees all of its sequence's keys."""
+    scope = decode_scope(64, sequences=4, prompt_tokens=128)
+    assert scope.context_tokens == pytest.approx(4 * np.mean([128 + j for j in range(1, 65)]))
 
 
 # shared series (rows of the public table) whose build runs the engine's current dispatch

@@ -59,7 +59,7 @@ def test_llama_bench_markdown_scopes_and_times(tmp_path: Path) -> None:
     assert one["time_us"] == pytest.approx(1 / 101.23 * 1e6) and one["passes"] == 512
     assert one["context_tokens"] == pytest.approx(1 * (512 + 1) / 2) and one["head_share"] == pytest.approx(1 / 512)
     assert eight["time_us"] == pytest.approx(8 / 512.34 * 1e6) and eight["passes"] == 64
-    assert deep["n_tokens"] == 512 and deep["passes"] == 1 and deep["context_tokens"] == pytest.approx(4096 + 512)
+    assert deep["n_tokens"] == 512 and deep["passes"] == 1 and deep["context_tokens"] == pytest.approx(4096 + (512 + 1) / 2)
     assert decode["n_tokens"] == 1 and decode["passes"] == 128 and decode["head_share"] == 1.0
     assert decode["time_us"] == pytest.approx(1e6 / 150.0) and decode["context_tokens"] == pytest.approx(129 / 2)
     assert one["engine_version"] == "050fc7f3 (b7123)" and one["device"] == "RTX 3090"

@@ -1,7 +1,8 @@
 """What every importer produces: one `Measured` per timed test, then a checked contract-3 table.
 
 A llama-bench `ppN` test with microbatch U runs ceil(N/U) passes of U tokens over a context
-growing by U per pass, after `n_depth` = D tokens already in the KV cache; llama-bench asks for
+growing by U per pass, after `n_depth` = D tokens already in the KV cache, each token attending
+through the causal mask over the keys up to its own; llama-bench asks for
 logits of the last token of each `n_batch` chunk only, so the output head runs once per chunk.
 A `tgN` test runs N one-token passes, each with its logits. llama-batched-bench's decode phase
 runs `tg` passes of B tokens (one per sequence, all with logits), sequence i at context pp + j.
@@ -29,8 +30,9 @@ MAX_TEST_NS = 1e15  # a test's time in ns (11 days)
 
 @dataclass(frozen=True)
 class PassScope:
-    """How the passes of one test ran: tokens per pass, passes, mean KV context per pass (summed
-    over sequences), share of passes with the output head, rows of the head, sequences."""
+    """How the passes of one test ran: tokens per pass, passes, the keys a query token attends over
+    (mean over the passes' tokens, summed over sequences), share of passes with the output head,
+    rows of the head, sequences."""
 
     n_tokens: int
     passes: int = 1
@@ -41,12 +43,14 @@ class PassScope:
 
 
 def prompt_scope(prompt_tokens: int, ubatch: int, depth: int = 0, batch: int = LLAMA_DEFAULT_BATCH) -> PassScope:
-    """A llama-bench `ppN @ dD` test: ceil(N/U) passes of U = min(N, U) tokens, pass j reading D + j·U
-    keys (mean D + U·(P+1)/2), the head once per n_batch chunk."""
+    """A llama-bench `ppN @ dD` test: ceil(N/U) passes of U = min(N, U) tokens, the head once per
+    n_batch chunk; through the causal mask, token i (1..U) of pass j attends over D + (j−1)·U + i
+    keys: the mean over tokens and passes D + (U·P + 1)/2 (a pp512 pass of 512 tokens attends over
+    256.5 keys per token, not 512)."""
     n = min(prompt_tokens, ubatch)
     passes = math.ceil(prompt_tokens / n)
     heads = math.ceil(prompt_tokens / max(batch, n))
-    return PassScope(n, passes, depth + n * (passes + 1) / 2, min(1.0, heads / passes))
+    return PassScope(n, passes, depth + (n * passes + 1) / 2, min(1.0, heads / passes))
 
 
 def decode_scope(generated_tokens: int, depth: int = 0, sequences: int = 1, prompt_tokens: int = 0) -> PassScope:

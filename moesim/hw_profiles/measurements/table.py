@@ -7,8 +7,9 @@ type-checked when present; unknown columns are kept and ignored.
 
 A row's scope (`scope`): `op`, one MoE layer's expert operation (or one expert matrix, as
 `time_us_matrix` says), or `pass`, a whole forward pass of the model as a benchmark timed it:
-`time_us` per pass, averaged over the test's `passes`, with the KV context each pass read
-(`context_tokens`, mean over passes, summed over the pass's `sequences`), the share of passes
+`time_us` per pass, averaged over the test's `passes`, with the keys a query token attends over
+(`context_tokens`: through the causal mask, mean over the passes' tokens, summed over the pass's
+`sequences`), the share of passes
 that ran the output head (`head_share`) and the rows it ran on (`logit_rows`), the weight
 formats of the experts (`dtype`) and of the other weights (`dense_format`). Importers of
 published and user benchmark outputs (`moesim.hw_profiles.importers`) write these.

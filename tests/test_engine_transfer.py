@@ -15,6 +15,14 @@ from moesim.hw_profiles.fitting.bench_fit import fit_bench_output, predicted_row
 from moesim.hw_profiles.fitting.engine_builtins import fit_recipe
 from moesim.hw_profiles.fitting.engine_validation import all_recipes
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
+from moesim.hw_profiles.fitting.pooled.data_limits import (
+    build_shape_spread,
+    build_spread,
+    interior,
+    leave_one_size_out,
+    repeat_spread,
+    represented,
+)
 from moesim.hw_profiles.fitting.pooled.engine_pool import fit_pool
 from moesim.hw_profiles.fitting.pooled.pool_validation import (
     PairBound,
@@ -184,3 +192,34 @@ def test_profile_notes_are_plain_words(tmp_path, cli) -> None:  # type: ignore[n
     for profile in profiles:
         for note in profile.notes:
             assert not any(word in note for word in (".fixed", ".bytes", ".compute", "@", "absorbed", "(b0)")), (profile.name, note)
+
+
+def test_leave_one_model_out_counts_the_rows_whose_build_and_format_stay_in_the_fit() -> None:
+    rows = [("a", "b1", "Q4_0"), ("b", "b1", "Q4_0"), ("b", "b2", "F16"), ("c", "b2", "Q4_0")]
+    assert represented(rows) == (2, 4)  # a and b share b1 / Q4_0; b's F16 and c's Q4_0 on b2 are alone
+
+
+def test_the_tables_floors_counted_by_hand() -> None:
+    """Two builds of one config at ub 1 and 2 (10 / 20 and 20 / 30 t/s): times per token 1/10 against
+    1/20 and 1/20 against 1/30; T = n / value, so T_b(2)/T_b(1) = (2/30)/(1/20) = 4/3 against 1."""
+    common = {"device": "D", "backend": "CUDA", "model": "m", "quant": "Q4_0", "test": "pp512", "unit": "t/s", "notes": ""}
+    records = [
+        {**common, "source_url": "s", "variant": "a", "ubatch": "1", "value": "10"},
+        {**common, "source_url": "s", "variant": "a", "ubatch": "2", "value": "20", "notes": "value ± 0.5"},
+        {**common, "source_url": "s", "variant": "b", "ubatch": "1", "value": "20"},
+        {**common, "source_url": "s", "variant": "b", "ubatch": "2", "value": "30"},
+        {**common, "source_url": "s", "variant": "b", "ubatch": "4", "value": "5", "unit": "us"},  # not a rate: left out
+    ]
+    assert repeat_spread(records) == pytest.approx([0.5 / 20])
+    assert sorted(build_spread(records)) == pytest.approx([1 / 3, 1 / 2])
+    assert build_shape_spread(records) == pytest.approx([1 / 3])
+
+
+def test_leave_one_size_out_predicts_every_size_of_a_device_and_tells_interior_sizes() -> None:
+    """The MI100's rows: Qwen3.5 at 256..2048 (one build), gpt-oss-20b at 16 and 32 (another): only
+    Qwen3.5's 512 and 1024 lie between sizes their model and build also ran."""
+    item = next(i for i in all_recipes() if i.name == "amd-mi100-hip")
+    judged = leave_one_size_out(item)
+    assert judged is not None and np.isfinite(judged.predicted_us).all()
+    assert [r.n_tokens for r, inside in zip(judged.rows, interior(judged), strict=True) if inside] == [512, 1024]
+    assert not np.allclose(judged.predicted_us, fit_recipe(item).in_sample_us)  # not the in-sample fit

@@ -463,7 +463,7 @@ def predict_rows(rows: list[PassRow], train: list[PassRow], engine: Engine, fitt
     return predicted
 
 
-def _heldout_predictions(rows: list[PassRow], engine: Engine, frame: ProfileFrame, groups: np.ndarray) -> np.ndarray:
+def heldout_predictions(rows: list[PassRow], engine: Engine, frame: ProfileFrame, groups: np.ndarray) -> np.ndarray:
     """Each group's rows predicted by a profile fitted without them."""
     predicted = np.full(len(rows), np.nan)
     for group in dict.fromkeys(groups.tolist()):
@@ -490,7 +490,7 @@ def fit_engine(rows: list[PassRow], engine: Engine, frame: ProfileFrame) -> Engi
     fitted = fit_coefficients(rows, engine, frame.roofline)
     in_sample = predict_rows(rows, rows, engine, fitted, frame)
     split, groups = _groups(rows)
-    heldout = _heldout_predictions(rows, engine, frame, groups) if groups is not None else np.full(len(rows), np.nan)
+    heldout = heldout_predictions(rows, engine, frame, groups) if groups is not None else np.full(len(rows), np.nan)
     ran = np.array([r.family_at(r.n_tokens) for r in rows])
     errors: dict[str, HeldoutError] = {}
     for family in [*dict.fromkeys(ran.tolist()), "dense"]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from moesim.errors import ConfigError, MoesimError
-from moesim.fields import Checked, FieldError, build, build_entry, checked, renamed_keys, require
+from moesim.fields import Checked, FieldError, build, build_entry, checked, field_checked, renamed_keys, require
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
 from moesim.models import load_preset
@@ -96,10 +96,7 @@ class ParallelSection(Checked):
     def __post_init__(self) -> None:
         require(not self.expert_parallel or self.tensor_parallel > 1, "expert_parallel", "needs tensor_parallel > 1 devices")
         if self.link:
-            try:
-                link_spec(self.link)
-            except ConfigError as exc:
-                raise FieldError("link", str(exc)) from None
+            field_checked("link", link_spec, self.link)
 
 
 @dataclass(frozen=True)
@@ -167,10 +164,7 @@ class TargetSection:
 
     def __post_init__(self) -> None:
         if self.device:
-            try:
-                device_spec(self.device)
-            except ConfigError as exc:
-                raise FieldError("device", str(exc)) from None
+            field_checked("device", device_spec, self.device)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from moesim.sim.serving.memory import KVBudget, MemorySection, check_longest_req
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import check_run_header, read_toml
-from moesim.tracegen.formats.builtin import resolve_trace
+from moesim.tracegen.formats.builtin import config_trace, resolve_trace
 from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generator
 
 MODEL_PLACEHOLDER = "{model}"
@@ -117,6 +117,7 @@ class TraceSection(Checked):
             raise FieldError("path", "give exactly one of 'path' (a trace file) or 'synth' (a routing generator)")
         if self.path is not None and MODEL_PLACEHOLDER not in str(self.path):
             require(resolve_trace(self.path).is_file(), "path", f"no such trace file {self.path}")
+            object.__setattr__(self, "path", config_trace(Path(self.path)))
 
     def path_for(self, model: str | None) -> Path | None:
         """The trace file of `model` ({model} replaced)."""

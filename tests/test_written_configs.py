@@ -118,6 +118,23 @@ def test_a_simulation_reruns_from_its_config_to_the_same_bytes(cli, tmp_path: Pa
     assert _files(tmp_path / "b") == first and _files(tmp_path / "c") == first
 
 
+def test_a_simulation_on_the_builtin_trace_names_it_by_name_and_content(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    synthetic = '[trace]\nsynth = "sticky"\nsynth_params = { keep_prob = 0.4 }\ntokens = 256\nseqs = 4\n'
+    assert synthetic in RUN
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "run.toml"
+    config.write_text(RUN.replace(synthetic, '[trace]\npath = "esft-vanilla-lite"\n'))
+    code, _, err = cli("simulate", config, "--out", tmp_path / "a")
+    assert code == 0, err
+    written = load_toml((tmp_path / "a" / RUN_CONFIG).read_text(), "config")
+    assert written["trace"]["path"] == "esft-vanilla-lite"  # not configs/esft-vanilla-lite: no folder of the run's
+    digest = hashlib.sha256(resolve_trace("esft-vanilla-lite").read_bytes()).hexdigest()
+    assert written["moesim"]["files"]["moesim:tracegen/data/esft-vanilla-lite/esft-vanilla-lite.trace.arrow"] == digest
+    monkeypatch.chdir(tmp_path / "configs")
+    assert cli("rerun", tmp_path / "a" / RUN_CONFIG, "--out", tmp_path / "b")[0] == 0
+    assert _files(tmp_path / "b") == _files(tmp_path / "a")
+
+
 def test_a_study_reruns_from_its_config_to_the_same_bytes(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     example = REPO / "examples" / "cascade-table-study.toml"
     assert cli("simulate", example, "--out", tmp_path / "a")[0] == 0

@@ -3,8 +3,8 @@
 tests/test_sweep.py holds the two executors to the same bytes; how long Ray takes (its cluster
 started, the units shipped to two workers and back) depends on the machine and its load, so it is
 measured here, against the local executor in the same run, instead of asserted in a test. The grid
-is the test's: DeepSeek-V2-Lite on the H200 profile, two families, two drafters, seven α, batch 1
-and 3, a sticky trace of 4 sequences x 300 tokens.
+is the test's, read from tests/sweep_base.toml: DeepSeek-V2-Lite on the H200 profile, two
+families, two drafters, seven α, batch 1 and 3, a sticky trace of 4 sequences x 300 tokens.
 
     .venv/bin/python bench/bench_ray_sweep.py
 
@@ -21,37 +21,12 @@ from pathlib import Path
 from moesim.sim.sweep.config import load_config
 from moesim.sim.sweep.run import run_sweep
 
-CONFIG = """
-[sweep]
-workers = 1
-max_batches = 256
-
-[grid]
-models = ["deepseek-v2-lite"]
-profiles = ["nvidia-h200"]
-families = ["per_slot", "best"]
-drafters = ["qwen3-0.6b", "ngram"]
-alpha = [0.0, 0.3, 0.6, 0.75, 0.9, 0.97, 1.0]
-max_draft = 6
-max_pass = 10
-batch = [1, 3]
-context = [256]
-
-[[routing]]
-name = "sticky"
-generator = "sticky"
-params = { keep_prob = 0.3 }
-tokens = 300
-seqs = 4
-seed = 5
-"""
+CONFIG = Path(__file__).parents[1] / "tests" / "sweep_base.toml"  # the sweep tests/test_sweep.py checks
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "sweep.toml"
-        path.write_text(CONFIG)
-        config = load_config(path)
+        config = load_config(CONFIG)
         start = time.perf_counter()
         local = run_sweep(config, Path(folder) / "local.parquet")
         local_s = time.perf_counter() - start

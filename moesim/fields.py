@@ -51,6 +51,14 @@ def require(condition: bool, field: str, message: str) -> None:
         raise FieldError(field, message)
 
 
+def field_checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
+    """check(*args), a ConfigError it raises raised again as the FieldError of `field`."""
+    try:
+        return check(*args)
+    except ConfigError as exc:
+        raise FieldError(field, str(exc)) from None
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 

@@ -29,30 +29,7 @@ from moesim.tracegen.formats.trace import write_trace
 from moesim.tracegen.routing.synth import Sticky, synthesize
 
 ALPHAS = [0.0, 0.3, 0.6, 0.75, 0.9, 0.97, 1.0]
-BASE = """
-[sweep]
-workers = 1
-max_batches = 256
-
-[grid]
-models = ["deepseek-v2-lite"]
-profiles = ["nvidia-h200"]
-families = ["per_slot", "best"]
-drafters = ["qwen3-0.6b", "ngram"]
-alpha = [0.0, 0.3, 0.6, 0.75, 0.9, 0.97, 1.0]
-max_draft = 6
-max_pass = 10
-batch = [1, 3]
-context = [256]
-
-[[routing]]
-name = "sticky"
-generator = "sticky"
-params = { keep_prob = 0.3 }
-tokens = 300
-seqs = 4
-seed = 5
-"""
+BASE = (Path(__file__).parent / "sweep_base.toml").read_text()  # bench/bench_ray_sweep.py times the same sweep
 
 
 def write_config(folder: Path, text: str, name: str = "sweep.toml") -> Path:

@@ -11,14 +11,16 @@ import hashlib
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
-from conftest import DATA, REPO, assert_one_line_error
+from conftest import DATA, REPO, DemoRun, assert_one_line_error
 
 import moesim
 from moesim.atomic import MANIFEST
 from moesim.models import load_preset
 from moesim.parsing import load_toml
 from moesim.tomlfile import RUN_CONFIG
+from moesim.tracegen.formats.builtin import resolve_trace
 from moesim.tracegen.formats.trace import write_trace
 from moesim.tracegen.routing.synth import Sticky, synthesize
 
@@ -116,6 +118,23 @@ def test_a_simulation_reruns_from_its_config_to_the_same_bytes(cli, tmp_path: Pa
     assert _files(tmp_path / "b") == first and _files(tmp_path / "c") == first
 
 
+def test_a_simulation_on_the_builtin_trace_names_it_by_name_and_content(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    synthetic = '[trace]\nsynth = "sticky"\nsynth_params = { keep_prob = 0.4 }\ntokens = 256\nseqs = 4\n'
+    assert synthetic in RUN
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "run.toml"
+    config.write_text(RUN.replace(synthetic, '[trace]\npath = "esft-vanilla-lite"\n'))
+    code, _, err = cli("simulate", config, "--out", tmp_path / "a")
+    assert code == 0, err
+    written = load_toml((tmp_path / "a" / RUN_CONFIG).read_text(), "config")
+    assert written["trace"]["path"] == "esft-vanilla-lite"  # not configs/esft-vanilla-lite: no folder of the run's
+    digest = hashlib.sha256(resolve_trace("esft-vanilla-lite").read_bytes()).hexdigest()
+    assert written["moesim"]["files"]["moesim:tracegen/data/esft-vanilla-lite/esft-vanilla-lite.trace.arrow"] == digest
+    monkeypatch.chdir(tmp_path / "configs")
+    assert cli("rerun", tmp_path / "a" / RUN_CONFIG, "--out", tmp_path / "b")[0] == 0
+    assert _files(tmp_path / "b") == _files(tmp_path / "a")
+
+
 def test_a_study_reruns_from_its_config_to_the_same_bytes(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     example = REPO / "examples" / "cascade-table-study.toml"
     assert cli("simulate", example, "--out", tmp_path / "a")[0] == 0
@@ -186,3 +205,37 @@ def test_a_rerun_refuses_a_changed_input_in_one_line(cli, tmp_path: Path, trace_
         bad = tmp_path / "bad.toml"
         bad.write_text(text)
         assert_one_line_error(*cli("rerun", bad)[::2], str(bad), fragment)
+
+
+def test_predict_on_the_builtin_trace_names_it_by_its_content(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("predict", "--trace", "esft-vanilla-lite", "--profile", "nvidia-h200", "--max-pass", "3", "--json")
+    assert code == 0, err
+    written = json.loads(out)["config"]
+    assert written["options"]["trace"] == "esft-vanilla-lite"
+    digest = hashlib.sha256(resolve_trace("esft-vanilla-lite").read_bytes()).hexdigest()
+    assert written["moesim"]["files"]["moesim:tracegen/data/esft-vanilla-lite/esft-vanilla-lite.trace.arrow"] == digest
+    saved = tmp_path / "out.json"
+    saved.write_text(out)
+    monkeypatch.chdir(tmp_path)  # a built-in by name reruns from any folder
+    code, again, err = cli("rerun", saved)
+    assert code == 0, err
+    assert again == out
+
+
+def test_two_demo_sweeps_write_the_same_bytes(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_run: DemoRun) -> None:  # type: ignore[no-untyped-def]
+    """The demo's sweep.toml, run from another folder than the demo's staging folder, writes the
+    demo's sweep.parquet to the byte: its metadata names the built-in trace by name and content
+    hash, no folder; and reruns from the parquet to the same bytes."""
+    assert demo_run.code == 0, demo_run.err
+    demo = demo_run.out_dir / "sweep.parquet"
+    metadata = pq.read_schema(demo).metadata
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "sweep.toml").write_bytes((demo_run.out_dir / "sweep.toml").read_bytes())
+    assert cli("sweep", folder / "sweep.toml", "--out", folder / "sweep.parquet")[0] == 0
+    assert pq.read_schema(folder / "sweep.parquet").metadata == metadata
+    assert not any(str(demo_run.out_dir) in v.decode() or ".part" in v.decode() for v in metadata.values())
+    assert (folder / "sweep.parquet").read_bytes() == demo.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    assert cli("rerun", demo, "--out", tmp_path / "again.parquet")[0] == 0
+    assert (tmp_path / "again.parquet").read_bytes() == demo.read_bytes()

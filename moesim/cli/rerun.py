@@ -22,6 +22,7 @@ from moesim.errors import InputError
 from moesim.hw_profiles.builtin import profile_files
 from moesim.parsing import load_json
 from moesim.tomlfile import check_run_header, read_toml, run_header
+from moesim.tracegen.formats.builtin import resolve_trace
 
 
 def _plain(value: Any) -> Any:
@@ -32,9 +33,13 @@ def _plain(value: Any) -> Any:
 
 
 def _files(options: dict[str, Any]) -> list[Path]:
-    """Every input file the options name, and the profile's files."""
+    """Every input file the options name (a built-in trace by name: its file, so its content
+    hash), and the profile's files."""
     values = [v for value in options.values() for v in (value if isinstance(value, list) else [value])]
     named = [Path(v) for v in values if isinstance(v, str) and v and Path(v).is_file()]
+    trace = options.get("trace")
+    builtin = [resolve_trace(trace)] if isinstance(trace, str) and trace and not Path(trace).exists() else []
+    named += [p for p in builtin if p.is_file()]
     return named + (profile_files(options["profile"]) if isinstance(options.get("profile"), str) else [])
 
 

@@ -31,6 +31,7 @@ from moesim.hw_profiles.engine_runs.rows import (
     json_lines,
     number,
     rate_run,
+    rate_step,
 )
 from moesim.hw_profiles.importers.llama_bench import BenchTest, parse_markdown, parse_records
 from moesim.hw_profiles.importers.names import format_in_description
@@ -189,17 +190,7 @@ def parse_timings(text: str, where: str, context: RunContext) -> EngineRows:
         }
         if following is None:
             note = "llama.cpp timing line: eval time of single-token forwards" + ("" if context.batch else " (batch 1 unless --batch)")
-            steps.append(
-                DecodeStep(
-                    model=context.model or NA,
-                    dtype=context.dtype or NA,
-                    value=rate,
-                    unit="t/s",
-                    notes=note,
-                    cuda_graphs=context.cuda_graphs or NA,
-                    **shared,
-                )
-            )
+            steps.append(rate_step(context, rate, note, shared, cuda_graphs=context.cuda_graphs or NA))
         else:
             accepted, generated = int(following[1]), int(following[2])
             if generated < 1 or accepted > generated:

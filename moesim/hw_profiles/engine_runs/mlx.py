@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from moesim.errors import InputError
-from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, rate_run
+from moesim.hw_profiles.engine_runs.rows import NA, DecodeStep, EngineRows, RunContext, rate_run, rate_step
 
 ENGINE = "MLX-LM"
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
@@ -66,16 +66,7 @@ def parse_generate(text: str, where: str, context: RunContext) -> EngineRows:
                 rate_run(context.model or NA, context, rate, None, "mlx_lm.generate with a draft model (acceptance not printed)", shared)
             )
         else:
-            steps.append(
-                DecodeStep(
-                    model=context.model or NA,
-                    dtype=context.dtype or NA,
-                    value=rate,
-                    unit="t/s",
-                    notes="mlx_lm.generate: generation tokens-per-sec of one sequence",
-                    **shared,
-                )
-            )
+            steps.append(rate_step(context, rate, "mlx_lm.generate: generation tokens-per-sec of one sequence", shared))
     return EngineRows(tuple(steps), tuple(runs))
 
 

@@ -243,6 +243,11 @@ def rate_run(
     )
 
 
+def rate_step(context: RunContext, rate: float, notes: str, shared: dict[str, Any], **fields: Any) -> DecodeStep:
+    """A decode step measured as one sequence's generation rate (t/s), of the context's model and dtype."""
+    return DecodeStep(model=context.model or NA, dtype=context.dtype or NA, value=rate, unit="t/s", notes=notes, **fields, **shared)
+
+
 def step_us(value: float, unit: str, batch: int, tokens_per_pass: int = 1) -> float | None:
     """Time per forward (µs) of a value in a step unit (the module's table); None for a batch latency."""
     if unit == "t/s":

@@ -24,12 +24,12 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from moesim.errors import ConfigError, InputError, MoesimError
-from moesim.fields import FieldError, require
+from moesim.fields import FieldError, field_checked, require
 from moesim.hw_profiles import HardwareProfile, load_profile
 from moesim.kernels.features import uniform_distinct_experts
 from moesim.models import PRESET_FILES, AttentionShape, ModelPreset, builtin_names, bytes_per_weight, draft_for, load_preset
@@ -172,6 +172,12 @@ class DenseModelDrafter:
         return float(run(weight_bytes, flops))
 
 
+def _no_argument(spec: str, argument: str, name: str, why: str = "") -> None:
+    """A ConfigError naming the spec where a drafter its name alone specifies got an argument."""
+    if argument:
+        raise ConfigError(f"drafter '{spec}': '{name}' takes no argument{why}")
+
+
 class _NoArgument:
     """A drafter its name alone specifies (`usage` = the name): `for_target` makes it."""
 
@@ -180,8 +186,7 @@ class _NoArgument:
     @classmethod
     def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
         """The drafter for `target`; an argument after the name is an error."""
-        if argument:
-            raise ConfigError(f"drafter '{spec}': '{cls.name}' takes no argument")
+        _no_argument(spec, argument, cls.name)
         return cls.for_target(target)
 
     @classmethod
@@ -286,8 +291,7 @@ class MtpDrafter(_Head):
     @classmethod
     def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
         """`mtp` (no argument)."""
-        if argument:
-            raise ConfigError(f"drafter '{spec}': 'mtp' takes no argument")
+        _no_argument(spec, argument, cls.name)
         if target.kind != "moe":
             raise ConfigError(f"drafter '{spec}': an MTP head is a layer of an MoE target, '{target.name}' is {target.kind}")
         h = target.hidden
@@ -311,8 +315,7 @@ class MedusaDrafter(_Head):
     @classmethod
     def from_spec(cls, spec: str, argument: str, target: ModelPreset) -> Drafter:
         """`medusa` (no argument): the number of heads is the draft length."""
-        if argument:
-            raise ConfigError(f"drafter '{spec}': 'medusa' takes no argument (one head per draft position)")
+        _no_argument(spec, argument, cls.name, " (one head per draft position)")
         params = target.hidden * target.hidden + target.hidden + target.lm_head_params()
         return cls(params, params, 0.0, "BF16")
 
@@ -342,11 +345,16 @@ class DflashDrafter(_Head):
 MAX_SPEC_INT = 1 << 24  # a draft vocabulary, a number of draft layers
 
 
-def _positive_int(spec: str, text: str, what: str) -> int:
+def _spec_number(parse: Callable[..., Any], text: str, where: str, lo: float, hi: float) -> Any:
+    """parse(text, where, lo, hi), its InputError as a ConfigError (a drafter spec is config)."""
     try:
-        return parse_int(text, f"drafter '{spec[:60]}': {what}", 1, MAX_SPEC_INT)
+        return parse(text, where, lo, hi)
     except InputError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _positive_int(spec: str, text: str, what: str) -> int:
+    return _spec_number(parse_int, text, f"drafter '{spec[:60]}': {what}", 1, MAX_SPEC_INT)
 
 
 @DRAFTERS.register
@@ -375,10 +383,7 @@ MAX_STEP_US = 1e9  # µs per draft step (a quarter of an hour)
 
 
 def _microseconds(spec: str, argument: str, usage: str, what: str) -> float:
-    try:
-        return parse_float(argument, f"drafter '{spec[:60]}': '{usage}' (µs {what})", 0.0, MAX_STEP_US)
-    except InputError as exc:
-        raise ConfigError(str(exc)) from None
+    return _spec_number(parse_float, argument, f"drafter '{spec[:60]}': '{usage}' (µs {what})", 0.0, MAX_STEP_US)
 
 
 @DRAFTERS.register
@@ -458,10 +463,7 @@ class DrafterSection:
 
     def __post_init__(self) -> None:
         spec = self.kind
-        try:
-            base, options = split_options(spec)
-        except ConfigError as exc:
-            raise FieldError("kind", str(exc)) from None
+        base, options = field_checked("kind", split_options, spec)
         unknown = sorted(set(options) - set(SPEC_OPTIONS))
         require(not unknown, "kind", f"drafter '{spec}': unknown option '{(unknown or [''])[0]}' (known: {', '.join(SPEC_OPTIONS)})")
         name, _, argument = base.partition(":")
@@ -493,10 +495,7 @@ class DrafterSection:
             require(valid, "time_us", f"a {name} drafter needs time_us >= 0, got {t}")
         for key, kinds in (("model", (DenseModelDrafter.name,)), ("time_us", TIMED)):
             require(getattr(self, key) is None or name in kinds, key, f"applies to {', '.join(kinds)}, not to '{name}'")
-        try:
-            parse_tree(self.tree)
-        except ConfigError as exc:
-            raise FieldError("tree", str(exc)) from None
+        field_checked("tree", parse_tree, self.tree)
 
     def spec(self) -> str:
         """The drafter as a spec string (`parse_drafter` reads it back to this section)."""
@@ -535,10 +534,7 @@ class DrafterSection:
 
 def _spec_time_us(spec: str, name: str, argument: str | None) -> float:
     """The µs a timed drafter's spec gives (`fixed:US` per draft step, `ngram:US` / `suffix:US` per lookup)."""
-    try:
-        return _microseconds(spec, argument or "", f"{name}:US", "per draft step" if name == "fixed" else "per lookup")
-    except ConfigError as exc:
-        raise FieldError("kind", str(exc)) from None
+    return field_checked("kind", _microseconds, spec, argument or "", f"{name}:US", "per draft step" if name == "fixed" else "per lookup")
 
 
 def _one_place(spec: str, key: str, given: object, from_kind: object) -> object:

@@ -296,9 +296,28 @@ def _survival_factory(survival: np.ndarray) -> BlockFactory:
     return functools.partial(_SurvivalRequest, survival=survival, tau=np.concatenate([[1.0], 1.0 + np.cumsum(survival)]))
 
 
+class _SameSurvival:
+    """A model whose requests all draw from one survival S_1..S_kcap (`survival`)."""
+
+    def survival(self, k_cap: int) -> np.ndarray:
+        """S_1..S_kcap."""
+        raise NotImplementedError
+
+    def check_cap(self, k_cap: int) -> None:
+        """Any draft length is fine."""
+
+    def block_factory(self, k_cap: int) -> BlockFactory:
+        """Survival draws, the same S for every request."""
+        return _survival_factory(self.survival(k_cap))
+
+    def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
+        """Survival draws, the same S for every request."""
+        return self.block_factory(k_cap)(request_rng(seed, request_id), _block_size(output_tokens))
+
+
 @ACCEPTANCE_MODELS.register
 @dataclass(frozen=True)
-class Position:
+class Position(_SameSurvival):
     """Position-dependent: draft i (1-based) accepted with probability alphas[i-1] given drafts
     1..i-1 were, so S_i = Π_{j<=i} α_j; positions beyond the list repeat its last value."""
 
@@ -315,25 +334,14 @@ class Position:
         conditional = np.array([self.alphas[min(i, len(self.alphas) - 1)] for i in range(k_cap)], np.float64)
         return np.cumprod(conditional)
 
-    def check_cap(self, k_cap: int) -> None:
-        """Any draft length is fine."""
-
     def mean_alpha(self, request_id: int, seed: int) -> float:
         """No single α: NaN."""
         return math.nan
 
-    def block_factory(self, k_cap: int) -> BlockFactory:
-        """Survival draws, the same S for every request."""
-        return _survival_factory(self.survival(k_cap))
-
-    def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
-        """Survival draws, the same S for every request."""
-        return self.block_factory(k_cap)(request_rng(seed, request_id), _block_size(output_tokens))
-
 
 @ACCEPTANCE_MODELS.register
 @dataclass(frozen=True)
-class Tree:
+class Tree(_SameSurvival):
     """A draft tree's accepted length (`moesim.sim.cost.tree`): at every depth the drafter's top
     candidate matches with `alpha`, each further sibling with `sibling_rate` of what the higher
     ranks missed; S_d = P(A >= d) of the [drafter]'s tree at the policy's largest draft length (the
@@ -366,20 +374,9 @@ class Tree:
             out[: tree.depth] = accepted_survival(tree, np.array([[self.alpha]]), self.sibling_rate)[0]
         return out
 
-    def check_cap(self, k_cap: int) -> None:
-        """Any draft length is fine."""
-
     def mean_alpha(self, request_id: int, seed: int) -> float:
         """The top candidate's α."""
         return self.alpha
-
-    def block_factory(self, k_cap: int) -> BlockFactory:
-        """Survival draws of the tree, the same S for every request."""
-        return _survival_factory(self.survival(k_cap))
-
-    def bind(self, request_id: int, output_tokens: int, k_cap: int, seed: int) -> RequestAcceptance:
-        """Survival draws of the tree, the same S for every request."""
-        return self.block_factory(k_cap)(request_rng(seed, request_id), _block_size(output_tokens))
 
 
 class _RegimeRequest:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from moesim.errors import ConfigError, MoesimError
-from moesim.fields import Checked, FieldError, build, build_entry, checked, renamed_keys, require
+from moesim.fields import Checked, FieldError, build, build_entry, checked, field_checked, renamed_keys, require
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import DeviceSpec, device_of_profile, device_spec, link_spec
 from moesim.models import load_preset
@@ -42,7 +42,7 @@ from moesim.sim.serving.memory import KVBudget, MemorySection, check_longest_req
 from moesim.sim.serving.policies import POLICIES, Policy
 from moesim.sim.serving.workload import Arrivals, Workload
 from moesim.tomlfile import check_run_header, read_toml
-from moesim.tracegen.formats.builtin import resolve_trace
+from moesim.tracegen.formats.builtin import config_trace, resolve_trace
 from moesim.tracegen.routing.synth import MAX_POSITIONS, MAX_SEED, make_generator
 
 MODEL_PLACEHOLDER = "{model}"
@@ -96,10 +96,7 @@ class ParallelSection(Checked):
     def __post_init__(self) -> None:
         require(not self.expert_parallel or self.tensor_parallel > 1, "expert_parallel", "needs tensor_parallel > 1 devices")
         if self.link:
-            try:
-                link_spec(self.link)
-            except ConfigError as exc:
-                raise FieldError("link", str(exc)) from None
+            field_checked("link", link_spec, self.link)
 
 
 @dataclass(frozen=True)
@@ -120,6 +117,7 @@ class TraceSection(Checked):
             raise FieldError("path", "give exactly one of 'path' (a trace file) or 'synth' (a routing generator)")
         if self.path is not None and MODEL_PLACEHOLDER not in str(self.path):
             require(resolve_trace(self.path).is_file(), "path", f"no such trace file {self.path}")
+            object.__setattr__(self, "path", config_trace(Path(self.path)))
 
     def path_for(self, model: str | None) -> Path | None:
         """The trace file of `model` ({model} replaced)."""
@@ -167,10 +165,7 @@ class TargetSection:
 
     def __post_init__(self) -> None:
         if self.device:
-            try:
-                device_spec(self.device)
-            except ConfigError as exc:
-                raise FieldError("device", str(exc)) from None
+            field_checked("device", device_spec, self.device)
 
 
 @dataclass(frozen=True)

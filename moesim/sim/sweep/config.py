@@ -38,7 +38,7 @@ from moesim.sim.cost.steptime import check_family
 from moesim.sim.serving.config import MODEL_PLACEHOLDER, policy_from_table, resolve_path
 from moesim.sim.sweep.executors import EXECUTORS
 from moesim.tomlfile import check_run_header, read_toml, run_header
-from moesim.tracegen.formats.builtin import resolve_trace
+from moesim.tracegen.formats.builtin import config_trace, resolve_trace
 from moesim.tracegen.formats.schema import TraceGeometry
 from moesim.tracegen.routing.synth import MAX_SEED, make_generator, synth_sizes
 
@@ -165,6 +165,7 @@ class Routing(Checked):
                 raise FieldError(f"params.{exc.field}" if exc.field else "generator", exc.detail) from None
         else:
             require(not self.params, "params", "generator parameters need a 'generator'")
+            object.__setattr__(self, "trace", config_trace(Path(self.trace)))  # type: ignore[arg-type]
 
     def trace_for(self, model: str) -> Path | None:
         """The trace file for `model` ({model} replaced), or None for a generator."""

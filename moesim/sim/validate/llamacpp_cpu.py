@@ -376,13 +376,41 @@ def _write_isolated(out_dir: Path, models: _Models, source: SpecRun, model: Step
     return {str(n): float(e) for n, e in medians.iter_rows()}
 
 
-def _write_summary(out_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
+def write_summary(out_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
+    """OUT/summary.json with `updates` written over what it held."""
     path = out_dir / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else {}
     summary.update(updates)
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
     return summary
+
+
+def start_validation(config: Any, out_dir: Path, progress: Progress | None) -> tuple[Progress, float]:
+    """A validation begun: its config checked, `out_dir` made without a summary; (what it says, when it started)."""
+    config.validate()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").unlink(missing_ok=True)
+    return progress or (lambda _message: None), time.monotonic()
+
+
+def write_inputs(out_dir: Path, spec: TinyModelSpec, prompts: tuple[str, ...]) -> PromptSet:
+    """The target's preset and the prompts written into `out_dir`; the prompts read back."""
+    write_text_atomic(out_dir / "target-preset.toml", preset_toml(preset_from_tiny_spec(spec)))
+    write_text_atomic(out_dir / "prompts.txt", "\n".join(prompts) + "\n")
+    return load_prompts(out_dir / "prompts.txt")
+
+
+def run_facts(measured: MeasuredRuns, started: float, version: str) -> dict[str, Any]:
+    """The summary's facts of the run: the load and time it took, the machine, the engine's version, the date."""
+    return {
+        "loadavg_per_repetition": measured.loadavg,
+        "measure_seconds": round(measured.seconds, 1),
+        "total_seconds": round(time.monotonic() - started, 1),
+        "machine": cpu_facts(),
+        "engine_version": version,
+        "measured_at": time.strftime("%Y-%m-%d"),
+    }
 
 
 def run_cpu_validation(
@@ -393,16 +421,10 @@ def run_cpu_validation(
     progress: Progress | None = None,
 ) -> CpuValidationResult:
     """Build, calibrate, measure, compare; write everything into `out_dir`."""
-    config.validate()
-    say = progress or (lambda _message: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").unlink(missing_ok=True)
-    started = time.monotonic()
+    say, started = start_validation(config, out_dir, progress)
     _calibrate(config, out_dir, calibration, say)
     spec = config.target_spec()
-    write_text_atomic(out_dir / "target-preset.toml", preset_toml(preset_from_tiny_spec(spec)))
-    write_text_atomic(out_dir / "prompts.txt", "\n".join(config.prompts) + "\n")
-    prompts = load_prompts(out_dir / "prompts.txt")
+    prompts = write_inputs(out_dir, spec, config.prompts)
     model = _step_model(out_dir, config)
     with _session(config, prompts, models_dir, say) as models:
         measured = measure(models.session, models.token_lists, config, say)
@@ -411,7 +433,7 @@ def run_cpu_validation(
         isolated = _write_isolated(out_dir, models, runs[-1], model, say)
         draft_name = models.session.draft_name
     validation = analyze(out_dir, config)
-    summary = _write_summary(
+    summary = write_summary(
         out_dir,
         {
             "config": {**dataclasses.asdict(config), "shape": dataclasses.asdict(config.shape)},
@@ -419,12 +441,7 @@ def run_cpu_validation(
             "draft": draft_name,
             "verify_repetition_spread_median": spread,
             "isolated_error_vs_min_pct_median": isolated,
-            "loadavg_per_repetition": measured.loadavg,
-            "measure_seconds": round(measured.seconds, 1),
-            "total_seconds": round(time.monotonic() - started, 1),
-            "machine": cpu_facts(),
-            "engine_version": engine_version(),
-            "measured_at": time.strftime("%Y-%m-%d"),
+            **run_facts(measured, started, engine_version()),
         },
     )
     return CpuValidationResult(out_dir, validation, summary)
@@ -436,7 +453,7 @@ def analyze(out_dir: Path, config: CpuValidationConfig) -> DraftValidation:
     validation = validate_draft_lengths(_runs(out_dir, config), _step_model(out_dir, config))
     validation.per_k.write_csv(out_dir / "per_k.csv")
     validation.source.write_csv(out_dir / "from_source.csv")
-    _write_summary(out_dir, {"best_draft": validation.best(), "rank_agreement_from_source": validation.rank_agreement()})
+    write_summary(out_dir, {"best_draft": validation.best(), "rank_agreement_from_source": validation.rank_agreement()})
     return validation
 
 
@@ -448,7 +465,7 @@ def run_isolated_check(
     prompts = load_prompts(out_dir / "prompts.txt")
     with _session(config, prompts, models_dir, say) as models:
         isolated = _write_isolated(out_dir, models, _runs(out_dir, config)[-1], _step_model(out_dir, config), say)
-    _write_summary(out_dir, {"isolated_error_vs_min_pct_median": isolated})
+    write_summary(out_dir, {"isolated_error_vs_min_pct_median": isolated})
     return isolated
 
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +28,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from moesim.atomic import atomic_path, write_text_atomic
 from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.fitting.calibrate import fit_profile
 from moesim.hw_profiles.measurements.table import load_measurements
 from moesim.hw_profiles.microbench.mlx_switch import DEFAULT_SHAPES
 from moesim.hw_profiles.microbench.table import MoeShape
 from moesim.hw_profiles.schema import write_profile
-from moesim.machine import cpu_facts
 from moesim.models import load_preset
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.validate.draft_lengths import DraftValidation, validate_draft_lengths
@@ -48,10 +44,12 @@ from moesim.sim.validate.llamacpp_cpu import (
     check_lengths_and_counts,
     measure,
     min_over_repetitions,
-    preset_from_tiny_spec,
-    preset_toml,
     repetition_spread,
+    run_facts,
+    start_validation,
+    write_inputs,
     write_run,
+    write_summary,
 )
 from moesim.tracegen.formats.specrun import SpecRun, SpecRunMeta, read_spec_run
 from moesim.tracegen.llamacpp.gguf_builder import TinyModelSpec
@@ -159,50 +157,30 @@ def analyze(out_dir: Path, config: MlxValidationConfig) -> DraftValidation:
         "predicted_from_source": crossover(k, validation.per_k["tokens_per_s_from_source"].to_numpy()),
         "predicted_on_measured_passes": crossover(k, validation.per_k["tokens_per_s_predicted"].to_numpy()),
     }
-    _write_summary(out_dir, {"best_draft": validation.best(), "longest_paying_draft": crossovers,
+    write_summary(out_dir, {"best_draft": validation.best(), "longest_paying_draft": crossovers,
                              "rank_agreement_from_source": validation.rank_agreement()})  # fmt: skip
     return validation
-
-
-def _write_summary(out_dir: Path, updates: dict[str, Any]) -> dict[str, Any]:
-    path = out_dir / "summary.json"
-    summary = json.loads(path.read_text()) if path.is_file() else {}
-    summary.update(updates)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str) + "\n")
-    return summary
 
 
 def run_mlx_validation(
     config: MlxValidationConfig, out_dir: Path, calibration: Path, models_dir: Path | None = None, progress: Progress | None = None
 ) -> tuple[DraftValidation, dict[str, Any]]:
     """Fit, build, measure, compare; write everything into `out_dir`."""
-    config.validate()
-    say = progress or (lambda _message: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").unlink(missing_ok=True)
-    started = time.monotonic()
+    say, started = start_validation(config, out_dir, progress)
     fit_calibration(calibration, out_dir / "profile.toml")
-    write_text_atomic(out_dir / "target-preset.toml", preset_toml(preset_from_tiny_spec(config.target_spec())))
-    write_text_atomic(out_dir / "prompts.txt", "\n".join(config.prompts) + "\n")
-    prompts = load_prompts(out_dir / "prompts.txt")
+    prompts = write_inputs(out_dir, config.target_spec(), config.prompts)
     with _session(config, models_dir, say) as session:
         token_lists = [session.target.tokenize(p.text) for p in prompts.prompts]
         measured = measure(session, token_lists, config, say)
         spread = _write_runs(out_dir, measured, session, config)
     validation = analyze(out_dir, config)
-    summary = _write_summary(
+    summary = write_summary(
         out_dir,
         {
             "config": {**dataclasses.asdict(config), "shape": dataclasses.asdict(config.shape)},
             "calibration": str(calibration),
             "verify_repetition_spread_median": spread,
-            "loadavg_per_repetition": measured.loadavg,
-            "measure_seconds": round(measured.seconds, 1),
-            "total_seconds": round(time.monotonic() - started, 1),
-            "machine": cpu_facts(),
-            "engine_version": engine_version(),
-            "measured_at": time.strftime("%Y-%m-%d"),
+            **run_facts(measured, started, engine_version()),
         },
     )
     return validation, summary

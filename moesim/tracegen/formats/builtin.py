@@ -29,3 +29,10 @@ def resolve_trace(name_or_path: str | os.PathLike[str]) -> Path:
     if not path.exists() and path.name in BUILTIN_TRACES:
         return builtin_data_dir() / BUILTIN_TRACES[path.name]
     return path
+
+
+def config_trace(path: Path) -> Path:
+    """A trace as a config holds it: a built-in one (a path that is not there whose last part names
+    a built-in) by its name alone, wherever the config was read from (a written config names it
+    so, its file by content hash); any other path as given."""
+    return Path(path.name) if not path.exists() and path.name in BUILTIN_TRACES else path

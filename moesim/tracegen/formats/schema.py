@@ -217,25 +217,33 @@ def checked_geometry(source: object, **values: Any) -> TraceGeometry:
         raise InputError(str(exc)) from None
 
 
+def routing_fields(geometry: TraceGeometry, with_weights: bool) -> list[pa.Field]:
+    """The routing columns of a file: `experts` (top_k ids per row) and, with weights, `weights`
+    (top_k float32 gate weights)."""
+    k = geometry.top_k
+    fields = [pa.field("experts", pa.list_(geometry.expert_id_type, k), nullable=False)]
+    if with_weights:
+        fields.append(pa.field("weights", pa.list_(pa.float32(), k), nullable=False))
+    return fields
+
+
+def format_metadata(file_format: str, format_version: int, meta_json: str) -> dict[bytes, bytes]:
+    """A file's metadata keys of its format, version and JSON metadata."""
+    return {META_FORMAT_KEY: file_format.encode(), META_VERSION_KEY: str(format_version).encode(), META_JSON_KEY: meta_json.encode()}
+
+
 def trace_schema(meta: TraceMeta, with_weights: bool, with_tokens: bool) -> pa.Schema:
     """The Arrow schema of a version-1 trace, metadata included."""
-    k = meta.geometry.top_k
     fields = [
         pa.field("seq", pa.uint32(), nullable=False),
         pa.field("pos", pa.uint32(), nullable=False),
         pa.field("layer", pa.uint16(), nullable=False),
         pa.field("is_prompt", pa.bool_(), nullable=False),
-        pa.field("experts", pa.list_(meta.geometry.expert_id_type, k), nullable=False),
+        *routing_fields(meta.geometry, with_weights),
     ]
-    if with_weights:
-        fields.append(pa.field("weights", pa.list_(pa.float32(), k), nullable=False))
     if with_tokens:
         fields.append(pa.field("token", pa.int32(), nullable=False))
-    metadata = {
-        META_FORMAT_KEY: TRACE_FORMAT.encode(),
-        META_VERSION_KEY: str(meta.format_version).encode(),
-        META_JSON_KEY: meta.to_json().encode(),
-    }
+    metadata = format_metadata(TRACE_FORMAT, meta.format_version, meta.to_json())
     if meta.provenance:
         metadata[META_PROVENANCE_KEY] = json.dumps(meta.provenance, sort_keys=True, ensure_ascii=False).encode()
     if meta.groups:
@@ -243,16 +251,23 @@ def trace_schema(meta: TraceMeta, with_weights: bool, with_tokens: bool) -> pa.S
     return pa.schema(fields, metadata=metadata)
 
 
+def checked_format(metadata: dict[bytes, bytes], source: str, file_format: str, version: int, words: tuple[str, str, str]) -> str:
+    """The JSON metadata of a file of `file_format` at `version` (`format_metadata` undone); another
+    format or version is one InputError line, worded by (the file, its format, "version " or "")."""
+    fmt = metadata.get(META_FORMAT_KEY)
+    if fmt != file_format.encode():
+        raise InputError(f"{source}: not a moesim {words[0]} (schema metadata 'moesim.format' is {fmt!r})")
+    written = metadata.get(META_VERSION_KEY, b"").decode(errors="replace")
+    if written != str(version):
+        raise InputError(f"{source}: unknown {words[1]} format version {written!r} (this moesim reads {words[2]}{version})")
+    return metadata.get(META_JSON_KEY, b"").decode(errors="replace")
+
+
 def meta_from_schema(schema: pa.Schema, source: str) -> TraceMeta:
     """Read and check a trace's schema metadata (format, version, geometry)."""
     metadata = schema.metadata or {}
-    fmt = metadata.get(META_FORMAT_KEY)
-    if fmt != TRACE_FORMAT.encode():
-        raise InputError(f"{source}: not a moesim routing trace (schema metadata 'moesim.format' is {fmt!r})")
-    version = metadata.get(META_VERSION_KEY, b"").decode(errors="replace")
-    if version != str(TRACE_FORMAT_VERSION):
-        raise InputError(f"{source}: unknown trace format version {version!r} (this moesim reads version {TRACE_FORMAT_VERSION})")
-    meta = TraceMeta.from_json(metadata.get(META_JSON_KEY, b"").decode(errors="replace"), source)
+    meta_json = checked_format(metadata, source, TRACE_FORMAT, TRACE_FORMAT_VERSION, ("routing trace", "trace", "version "))
+    meta = TraceMeta.from_json(meta_json, source)
     if meta.format_version != TRACE_FORMAT_VERSION:
         raise InputError(f"{source}: metadata field 'format_version' is {meta.format_version}, expected {TRACE_FORMAT_VERSION}")
     _check_columns(schema, meta, source)

@@ -48,7 +48,14 @@ import pyarrow.ipc as ipc
 from moesim.atomic import atomic_path, check_writable
 from moesim.errors import InputError, first_line
 from moesim.fields import Checked, FieldError, checked
-from moesim.tracegen.formats.schema import META_FORMAT_KEY, META_JSON_KEY, META_VERSION_KEY, TraceGeometry, meta_from_json
+from moesim.tracegen.formats.schema import (
+    META_FORMAT_KEY,
+    TraceGeometry,
+    checked_format,
+    format_metadata,
+    meta_from_json,
+    routing_fields,
+)
 from moesim.tracegen.formats.trace import open_ipc_file
 
 SPECRUN_FORMAT = "speculative-run"
@@ -110,7 +117,6 @@ def _nulls_to_nan(data: Any) -> Any:
 
 def specrun_schema(meta: SpecRunMeta, with_weights: bool) -> pa.Schema:
     """The Arrow schema of a version-1 speculative run, metadata included."""
-    k = meta.geometry.top_k
     fields = [
         pa.field("seq", pa.uint32(), nullable=False),
         pa.field("step", pa.uint32(), nullable=False),
@@ -119,22 +125,13 @@ def specrun_schema(meta: SpecRunMeta, with_weights: bool) -> pa.Schema:
         pa.field("layer", pa.uint16(), nullable=False),
         pa.field("token", pa.int32(), nullable=False),
         pa.field("target_token", pa.int32(), nullable=False),
-        pa.field("experts", pa.list_(meta.geometry.expert_id_type, k), nullable=False),
-    ]
-    if with_weights:
-        fields.append(pa.field("weights", pa.list_(pa.float32(), k), nullable=False))
-    fields += [
+        *routing_fields(meta.geometry, with_weights),
         pa.field("drafted", pa.uint16(), nullable=False),
         pa.field("accepted", pa.uint16(), nullable=False),
         pa.field("draft_us", pa.float64(), nullable=False),
         pa.field("verify_us", pa.float64(), nullable=False),
     ]
-    metadata = {
-        META_FORMAT_KEY: SPECRUN_FORMAT.encode(),
-        META_VERSION_KEY: str(meta.format_version).encode(),
-        META_JSON_KEY: meta.to_json().encode(),
-    }
-    return pa.schema(fields, metadata=metadata)
+    return pa.schema(fields, metadata=format_metadata(SPECRUN_FORMAT, meta.format_version, meta.to_json()))
 
 
 @dataclass(frozen=True)
@@ -293,13 +290,8 @@ def _read_table(path: Path) -> tuple[SpecRunMeta, pa.Table]:
         first = first_line(exc)
         raise InputError(f"{path}: unreadable Arrow data ({first})") from None
     metadata = reader.schema.metadata or {}
-    fmt = metadata.get(META_FORMAT_KEY)
-    if fmt != SPECRUN_FORMAT.encode():
-        raise InputError(f"{path}: not a moesim speculative run (schema metadata 'moesim.format' is {fmt!r})")
-    version = metadata.get(META_VERSION_KEY, b"").decode(errors="replace")
-    if version != str(SPECRUN_FORMAT_VERSION):
-        raise InputError(f"{path}: unknown speculative-run format version {version!r} (this moesim reads {SPECRUN_FORMAT_VERSION})")
-    meta = SpecRunMeta.from_json(metadata.get(META_JSON_KEY, b"").decode(errors="replace"), str(path))
+    meta_json = checked_format(metadata, str(path), SPECRUN_FORMAT, SPECRUN_FORMAT_VERSION, ("speculative run", "speculative-run", ""))
+    meta = SpecRunMeta.from_json(meta_json, str(path))
     for name in (*REQUIRED_COLUMNS, "weights"):
         if name not in table.schema.names:
             if name == "weights":

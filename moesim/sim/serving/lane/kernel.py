@@ -128,6 +128,20 @@ def preempt_youngest(st, sf, lists, n, n_pre, max_batch, pages, victim, victims,
 
 
 @njit
+def make_room(st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl, slot, need, free, swap):
+    """The youngest preempted (`preempt_youngest`) while slot `slot` needs `need` pages, more than
+    it holds and the free ones, or until it is the victim itself; returns (victims, free pages,
+    swap-out µs so far)."""
+    while need - pages[slot] > free:
+        got, n_vict, moved, freed = preempt_youngest(st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl)
+        swap += moved
+        free += freed
+        if got == slot:
+            break
+    return n_vict, free, swap
+
+
+@njit
 def preempt(st, sf, lists, cnt, victims, n_vict, fl):
     """The scheduler's `_preempt` of the victims' rows, in order: pages back (counted already),
     swapped (a decoding request under swap) or to recompute (its prompt and committed tokens),
@@ -217,12 +231,9 @@ def serve(
                 r = act[i]
                 need = -(-(st[PROMPT, r] + st[DECODED, r] + ks[i] + 1) // block)
                 if need > pages[i]:
-                    while need - pages[i] > free:
-                        got, n_vict, moved, freed = preempt_youngest(st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl)
-                        swap += moved
-                        free += freed
-                        if got == i:
-                            break
+                    n_vict, free, swap = make_room(
+                        st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl, i, need, free, swap
+                    )
                     if not victim[i]:
                         free -= need - pages[i]
                         pages[i] = need
@@ -242,12 +253,9 @@ def serve(
                 tokens = min(st[TARGET, r] - st[PREFILLED, r], left)
                 if kv_on:
                     need = -(-(st[PREFILLED, r] + tokens) // block)
-                    while need - pages[slot] > free:
-                        got, n_vict, moved, freed = preempt_youngest(st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl)
-                        swap += moved
-                        free += freed
-                        if got == slot:
-                            break
+                    n_vict, free, swap = make_room(
+                        st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl, slot, need, free, swap
+                    )
                     if victim[slot]:
                         continue
                     if need > pages[slot]:

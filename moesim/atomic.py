@@ -158,7 +158,7 @@ _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[Callable[[], None]]:
+def _signals_held() -> Iterator[Callable[[], None]]:
     """SIGINT and SIGTERM held (blocked for this thread, delivered once let through) inside the
     block; it yields the call that lets them through early (inside the try that cleans up after
     what the held part made), and lets them through at its end at the latest."""
@@ -230,7 +230,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it to `path` on success only."""
     target = Path(path)
     check_writable(target)
-    with signals_held() as let_through:
+    with _signals_held() as let_through:
         tmp = temporary_path(target)
         try:
             let_through()
@@ -451,7 +451,7 @@ def output_dir(path: str | os.PathLike[str], force: bool = False) -> Iterator[Pa
     target = Path(path)
     check_out_dir(target, force)
     created = not target.exists()
-    with signals_held() as let_through:
+    with _signals_held() as let_through:
         try:
             target.mkdir(exist_ok=True)
         except OSError as exc:

@@ -4,6 +4,9 @@
   into place: an interrupted run leaves the old file or none, never half a file. Temporaries of
   an earlier run that was killed (its process is gone) are removed when the same target is next
   written.
+- A temporary (file or staging folder) is made with SIGINT and SIGTERM held, and they are let
+  through only once the block that removes it has begun: an interrupt cannot fall between its
+  creation and its cleanup and leave it behind.
 - An output never resolves to an input of the command: the command declares its inputs with
   `protect` inside an `inputs_scope` (the CLI opens one per command; the file readers declare
   what they read), and every check here refuses an output path that is one of them (the same
@@ -28,8 +31,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +154,31 @@ def _umask() -> int:
     return mask
 
 
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[Callable[[], None]]:
+    """SIGINT and SIGTERM held (blocked for this thread, delivered once let through) inside the
+    block; it yields the call that lets them through early (inside the try that cleans up after
+    what the held part made), and lets them through at its end at the latest."""
+    if not hasattr(signal, "pthread_sigmask"):  # no signal masks here: nothing to hold
+        yield lambda: None
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    held = {"now": True}
+
+    def let_through() -> None:
+        if held["now"]:
+            held["now"] = False
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal held meanwhile is raised here
+
+    try:
+        yield let_through
+    finally:
+        let_through()
+
+
 def temporary_path(target: Path, folder: bool = False) -> Path:
     """A new temporary file (or folder) beside `target`, named `.NAME.PID.XXXX.part`, after removing
     stale ones; a folder that cannot be written is one line."""
@@ -201,14 +230,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it to `path` on success only."""
     target = Path(path)
     check_writable(target)
-    tmp = temporary_path(target)
-    try:
-        yield tmp
-        _check_not_input(target, folder=False)  # an input read while the output was being made
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with _signals_held() as let_through:
+        tmp = temporary_path(target)
+        try:
+            let_through()
+            yield tmp
+            _check_not_input(target, folder=False)  # an input read while the output was being made
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -420,23 +451,27 @@ def output_dir(path: str | os.PathLike[str], force: bool = False) -> Iterator[Pa
     target = Path(path)
     check_out_dir(target, force)
     created = not target.exists()
-    try:
-        target.mkdir(exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"{target}: cannot create the output folder ({exc.strerror or exc.__class__.__name__})") from None
-    _remove_stale_staging(target)
-    staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}.{os.getpid()}.", suffix=".part", dir=target))
-    _STAGED.append(staging.resolve())
-    try:
-        yield staging
-        _check_not_input(target, folder=True, staging=staging)
-        _commit(staging, target)
-    finally:
-        _STAGED.remove(staging.resolve())
-        shutil.rmtree(staging, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                target.rmdir()  # only when still empty: the run failed before writing anything
+    with _signals_held() as let_through:
+        try:
+            target.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{target}: cannot create the output folder ({exc.strerror or exc.__class__.__name__})") from None
+        try:
+            _remove_stale_staging(target)
+            staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}.{os.getpid()}.", suffix=".part", dir=target))
+            _STAGED.append(staging.resolve())
+            try:
+                let_through()
+                yield staging
+                _check_not_input(target, folder=True, staging=staging)
+                _commit(staging, target)
+            finally:
+                _STAGED.remove(staging.resolve())
+                shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            if created:
+                with contextlib.suppress(OSError):
+                    target.rmdir()  # only when still empty: the run failed before writing anything
 
 
 def output_files(folder: Path) -> list[str]:

@@ -4,6 +4,9 @@ routing against its formulas, errors and extrapolation warnings."""
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +82,23 @@ def test_crossover_json_and_uniform_formula(cli, uniform_path: Path) -> None:  #
     np.testing.assert_allclose(result["byte_share"], 64 * (1 - (58 / 64) ** n) / (6 * n), rtol=0.01)
     wins = [int(x) for x in n[np.array(result["byte_share"]) < np.array(result["bandwidth_ratio"])]]
     assert result["dedup_wins"] == wins and result["crossover_n"] == (wins[0] if wins else None)
+
+
+ADDRESS_SPACE = 2 << 30  # the batch command's own needs fit in 2 GiB; one int64 per request of a billion (8 GB) does not
+
+
+def _limited() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+@pytest.mark.parametrize("routing", ["trace", "uniform"])
+def test_batch_refuses_a_batch_the_trace_cannot_hold_before_laying_out_its_requests(trace_path: Path, routing: str) -> None:
+    """`--batch 1000000000` is one line, exit 2, in a process that could not hold an array of a
+    billion requests: every batch size is checked against the trace before any is laid out."""
+    args = ["batch", "--trace", trace_path, "--profile", "nvidia-h200", "--alpha", "0.7", "--draft-len", "3"]
+    command = [sys.executable, "-m", "moesim", *map(str, args), "--batch", "1,1000000000", "--routing", routing]
+    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=_limited, timeout=300, check=False)
+    assert_one_line_error(done.returncode, done.stderr, "too short for a batch of 1000000000 sequences")
 
 
 def test_batch_uses_union_and_matches_single_pass_prediction(trace_path: Path) -> None:

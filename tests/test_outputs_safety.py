@@ -271,6 +271,50 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_and_the_rerun_gives_the_same_bytes(tm
     assert out.read_bytes() == fresh.out.read_bytes() and not folder.exists()
 
 
+INTERRUPTED_AT_CREATION = """
+import os, signal, sys, tempfile
+from pathlib import Path
+from moesim import atomic
+from moesim.errors import Terminated, interrupt_code
+
+def terminate(signum, frame):
+    raise Terminated  # as the CLI does
+
+signal.signal(signal.SIGTERM, terminate)
+folder, sent, what = Path(sys.argv[1]), getattr(signal, sys.argv[2]), sys.argv[3]
+made = {"mkstemp": tempfile.mkstemp, "mkdtemp": tempfile.mkdtemp}
+
+def interrupted(name):
+    def make(*args, **kwargs):
+        result = made[name](*args, **kwargs)
+        os.kill(os.getpid(), sent)  # the interrupt the moment the temporary exists
+        return result
+    return make
+
+tempfile.mkstemp, tempfile.mkdtemp = interrupted("mkstemp"), interrupted("mkdtemp")
+try:
+    if what == "file":
+        atomic.write_text_atomic(folder / "out.txt", "x")
+    else:
+        with atomic.output_dir(folder / "out") as staging:
+            (staging / "a.txt").write_text("x")
+except KeyboardInterrupt as exc:
+    sys.exit(interrupt_code(exc))
+"""
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+@pytest.mark.parametrize(("sent", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_as_a_temporary_is_made_leaves_nothing_behind(tmp_path: Path, what: str, sent: str, code: int) -> None:
+    """SIGINT or SIGTERM the moment `atomic_path`'s temporary file or `output_dir`'s staging folder
+    exists: held until the block that removes it has begun, so the run stops and leaves nothing."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AT_CREATION, str(tmp_path), sent, what], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == code, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_numba_without_a_writable_cache_compiles_in_memory_with_one_warning(tmp_path: Path) -> None:
     """A read-only copy of the package, no writable HOME, no NUMBA_CACHE_DIR: `trace synth` still works."""
     root = os.geteuid() == 0  # root writes anywhere: run as nobody, for whom the copy is read-only

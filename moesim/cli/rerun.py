@@ -38,8 +38,8 @@ def _files(options: dict[str, Any]) -> list[Path]:
     values = [v for value in options.values() for v in (value if isinstance(value, list) else [value])]
     named = [Path(v) for v in values if isinstance(v, str) and v and Path(v).is_file()]
     trace = options.get("trace")
-    builtin = [resolve_trace(trace)] if isinstance(trace, str) and trace and not Path(trace).exists() else []
-    named += [p for p in builtin if p.is_file()]
+    if isinstance(trace, str) and trace and not Path(trace).exists() and resolve_trace(trace).is_file():
+        named.append(resolve_trace(trace))
     return named + (profile_files(options["profile"]) if isinstance(options.get("profile"), str) else [])
 
 

@@ -10,9 +10,9 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.parsing import parse_int
-from moesim.sim.analysis.ranks import union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
 from moesim.sim.analysis.speculation import batch_iteration, target_efficiency
+from moesim.sim.cost.pass_features import union_pass_cost
 from moesim.tracegen.formats.trace import Trace
 
 

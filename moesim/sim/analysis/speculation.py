@@ -26,9 +26,9 @@ from moesim.fields import FieldError
 from moesim.hw_profiles import HardwareProfile
 from moesim.hw_profiles.speculative import SpecPath
 from moesim.parsing import parse_float, parse_int
-from moesim.sim.analysis.ranks import mean_costs, union_pass_cost
 from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, expected_costs, extrapolation_warnings
 from moesim.sim.cost.drafters import Drafter, draft_us
+from moesim.sim.cost.pass_features import batch_expected_costs
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, SIGNS, PassCost
 from moesim.sim.cost.trace_batch import spec_overhead_us
 from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, break_even_alpha_tree, depth_alphas, solve_alpha
@@ -334,8 +334,7 @@ def spec_costs(scenario: Scenario, max_draft: int, batch: int = 1, max_batches: 
     if batch == 1:
         verify = expected_costs(scenario, widths)
     else:
-        model, trace, context = scenario.model, scenario.trace, scenario.context_tokens
-        verify = mean_costs([union_pass_cost(model, trace, batch, int(w), max_batches, context)[0] for w in widths])
+        verify = batch_expected_costs(scenario.model, scenario.trace, batch, widths, scenario.context_tokens, max_batches)[0]
     return costs_on(
         scenario.model.profile, drafter, widths, draft_costs_us(scenario, max_draft, batch), verify, batch, scenario.model.preset.layers
     )

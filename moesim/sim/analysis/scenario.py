@@ -39,10 +39,6 @@ class Scenario:
         """Experts per token."""
         return self.model.preset.top_k
 
-    def dense_us(self, bytes_read: float, flops: float) -> float:
-        """The profile's dense family (drafters use it)."""
-        return self.model.dense_family_us(bytes_read, flops)
-
 
 def preset_for_trace(trace: Trace, model: str | None) -> ModelPreset:
     """The trace's own preset (its metadata names a built-in one), or `model`; checked against the routing."""

@@ -17,9 +17,9 @@ import dataclasses
 import numpy as np
 
 from moesim.sim.analysis.batch import batch_analysis
-from moesim.sim.analysis.best_draft import best_draft_analysis
 from moesim.sim.analysis.crossover import crossover_analysis
 from moesim.sim.analysis.scenario import Scenario, load_scenario
+from moesim.sim.analysis.speculation import best_draft_analysis
 from moesim.tracegen.formats.trace import Trace
 from moesim.tracegen.routing.judge import synthetic_like
 from moesim.tracegen.routing.params import load_params

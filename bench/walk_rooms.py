@@ -2,7 +2,7 @@
 command enters from the CLI on, and how often it comes back to one it left.
 
     python bench/walk_rooms.py -- best-draft --trace t.arrow --profile nvidia-h200 --alpha 0.8
-    python bench/walk_rooms.py --rooms analysis.best_draft,analysis.verdict,analysis.speculation,cost.tree -- best-draft ...
+    python bench/walk_rooms.py --rooms analysis.verdict,analysis.speculation,cost.tree -- best-draft ...
 
 A Python call from one module into a function of another module of `moesim.sim` is an entry
 (calls inside one module are one stay); each distinct entry (caller's function, callee's function)

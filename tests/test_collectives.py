@@ -15,9 +15,9 @@ from moesim.hw_profiles.catalog import collective_terms, link_spec
 from moesim.hw_profiles.provenance import file_sha256
 from moesim.kernels.reuse import group_features
 from moesim.models import load_preset
-from moesim.sim.analysis.ranks import ranked_costs
 from moesim.sim.cost.drafters import make_drafter
 from moesim.sim.cost.parallel import Devices, Parallelism, all_reduce_us, custom_all_reduce_us, ring_all_reduce_us
+from moesim.sim.cost.pass_features import ranked_costs
 from moesim.sim.cost.steptime import StepTimeModel
 from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.config import load_config, placement

@@ -20,8 +20,8 @@ from moesim.hw_profiles.provenance import Provenance
 from moesim.hw_profiles.schema import profile_from_dict, profile_to_toml
 from moesim.hw_profiles.speculative import SpecPath
 from moesim.models import load_preset
-from moesim.sim.analysis.best_draft import best_draft_analysis
 from moesim.sim.analysis.scenario import Scenario, load_scenario
+from moesim.sim.analysis.speculation import best_draft_analysis
 from moesim.sim.cost.drafters import DenseModelDrafter, DrafterSection, draft_us, make_drafter, parse_drafter
 from moesim.sim.engine.builtin import write_spec_paths
 from moesim.sim.validate.spec_runs import RunCosts, fit_terms, held_out

@@ -12,7 +12,9 @@ from rich.markup import escape
 
 from moesim.cli.options import OUT_DIR, ForceOpt, config_options, from_options
 from moesim.cli.render import console, emit_json, print_json, render_table
+from moesim.errors import InputError
 from moesim.models import builtin_names
+from moesim.parsing import parse_int
 from moesim.sim.cost.parallel import Devices
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Routing trace (Arrow IPC) whose windows the passes replay.")]
@@ -41,9 +43,17 @@ MaxPassOpt = Annotated[
 SizesOpt = Annotated[str | None, typer.Option("--pass-sizes", help="Pass sizes, comma-separated (1..4096; overrides --max-pass).")]
 
 
-def _sizes(text: str | None) -> list[int] | None:
-    from moesim.sim.analysis.batch import parse_batch_sizes
+def parse_batch_sizes(text: str, option: str = "--batch") -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; an empty item, a non-integer or a size below 1 is one line."""
+    if len(text) > 1 << 16:
+        raise InputError(f"{option}: {len(text)} characters, more than any list of sizes needs")
+    sizes = [parse_int(b, f"{option} '{text[:60]}' (comma-separated integers)") for b in text.split(",")]
+    if min(sizes) < 1:
+        raise InputError(f"{option} sizes must be >= 1, got {min(sizes)}")
+    return sizes
 
+
+def _sizes(text: str | None) -> list[int] | None:
     return parse_batch_sizes(text, "--pass-sizes") if text else None
 
 
@@ -198,7 +208,7 @@ def best_draft_command(
     **options: Any,
 ) -> None:
     """Best draft length k*(α) and its speedup, with intervals, the staircase and break-even acceptances."""
-    from moesim.sim.analysis.best_draft import best_draft_analysis
+    from moesim.sim.analysis.speculation import best_draft_analysis
 
     scenario = _scenario(trace, profile, family, model, drafter, weight_format, context_tokens, options)
     result = best_draft_analysis(
@@ -215,14 +225,37 @@ def best_draft_command(
     console.print(f"staircase: {steps}")
     if result.verdicts:
         render_table(
-            result.verdict_table(),
+            _verdict_table(result.verdicts),
             title=f"Does speculation pay? batch {result.batch}",
             caption="k: the best draft length >= 1, verify: its verify width, tau: tokens per pass; break_even = C(k), the "
             "tokens per pass at which S = 1; decided_by: the largest term of C(k) - 1 (verify bytes, draft cost, spec overhead: --json); "
             "uncertain_by: the uncertain part that alone moves the speedup most (expert or dense kernels, an engine term)",
         )
-        for line in result.calibrations():
-            console.print(escape(f"calibrate: {line}"))
+        for v in result.verdicts:  # each uncertain verdict: the part that decides it and what would pin it down
+            if v.verdict == "uncertain":
+                console.print(escape(f"calibrate: {v.acceptance}: uncertain, decided by {v.uncertain_by}: {v.calibrate}"))
+
+
+def _verdict_table(verdicts: Any) -> Any:
+    """One row per acceptance point: does speculation pay, at which k, and why (the terms in --json)."""
+    import polars as pl
+
+    return pl.DataFrame(
+        [
+            {
+                "acceptance": v.acceptance,
+                "verdict": v.verdict,
+                "k": v.draft_len,
+                "verify": v.verify_tokens,
+                "tau": v.tokens_per_pass,
+                "speedup": f"{v.speedup:.3f} ({v.speedup_low:.3f}-{v.speedup_high:.3f})",
+                "break_even": v.break_even_tokens,
+                "decided_by": v.decided_by,
+                "uncertain_by": v.uncertain_by if v.verdict == "uncertain" else "",
+            }
+            for v in verdicts
+        ]
+    )
 
 
 @config_options(Devices)
@@ -281,7 +314,7 @@ def batch_command(
     **options: Any,
 ) -> None:
     """Speedup and MoESD target efficiency T(B,1)/T(B,k+1) vs batch size."""
-    from moesim.sim.analysis.batch import batch_analysis, parse_batch_sizes
+    from moesim.sim.analysis.batch import batch_analysis
     from moesim.sim.analysis.scenario import uniform_twin
     from moesim.sim.cost.pass_features import fitting_lanes
 

@@ -220,8 +220,8 @@ DEMO_ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 def _best_draft_section(trace: Trace, config: DemoConfig) -> DemoSection:
     """Best draft length and speedup at a few acceptance rates on the calibrated H200 profile (issue 6)."""
     from moesim.hw_profiles import load_profile
-    from moesim.sim.analysis.best_draft import best_draft_analysis
     from moesim.sim.analysis.scenario import Scenario
+    from moesim.sim.analysis.speculation import best_draft_analysis
     from moesim.sim.cost.drafters import make_drafter
     from moesim.sim.cost.steptime import StepTimeModel
 

@@ -9,10 +9,9 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.parsing import parse_int
-from moesim.sim.analysis.ranks import union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
 from moesim.sim.analysis.speculation import batch_iteration, target_efficiency
+from moesim.sim.cost.pass_features import union_pass_cost
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -122,13 +121,3 @@ def batch_analysis(
         tree=iteration.tree,
         spec_us=iteration.spec_us,
     )
-
-
-def parse_batch_sizes(text: str, option: str = "--batch") -> list[int]:
-    """'1,2,4' -> [1, 2, 4]; an empty item, a non-integer or a size below 1 is one line."""
-    if len(text) > 1 << 16:
-        raise InputError(f"{option}: {len(text)} characters, more than any list of sizes needs")
-    sizes = [parse_int(b, f"{option} '{text[:60]}' (comma-separated integers)") for b in text.split(",")]
-    if min(sizes) < 1:
-        raise InputError(f"{option} sizes must be >= 1, got {min(sizes)}")
-    return sizes

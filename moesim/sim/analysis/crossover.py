@@ -13,9 +13,8 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.kernels.features import uniform_distinct_experts
-from moesim.sim.analysis.ranks import SAMPLED_WINDOWS, mean_costs, union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, pass_sizes, uniform_twin
-from moesim.sim.cost.pass_features import mean_distinct_experts, window_distributions
+from moesim.sim.cost.pass_features import batch_expected_costs, mean_distinct_experts, window_distributions
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, check_family
 from moesim.tracegen.formats.trace import Trace
 
@@ -141,11 +140,10 @@ def _batched_times(
     scenario: Scenario, family: str, trace: Trace, sizes: np.ndarray, batch: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One family's expert time per pass size for passes of `batch` requests of n tokens each (the
-    trace's batch windows, `ranks.union_pass_cost`), and their mean distinct experts per layer."""
+    trace's batch windows, `pass_features.batch_expected_costs`), and their mean distinct experts per layer."""
     model = dataclasses.replace(scenario.model, family=family)
-    passes = [union_pass_cost(model, trace, batch, int(n), SAMPLED_WINDOWS, scenario.context_tokens) for n in sizes]
-    cost = mean_costs([c for c, _, _ in passes])
-    return cost.expert_us, cost.expert_epsilon, cost.extrapolation, np.array([float(np.mean(d)) for _, d, _ in passes])
+    cost, distinct = batch_expected_costs(model, trace, batch, sizes, scenario.context_tokens)
+    return cost.expert_us, cost.expert_epsilon, cost.extrapolation, distinct
 
 
 def crossover_analysis(

@@ -9,8 +9,8 @@ import numpy as np
 import polars as pl
 
 from moesim.errors import InputError
-from moesim.sim.analysis.ranks import SAMPLED_WINDOWS, mean_costs, union_pass_cost
 from moesim.sim.analysis.scenario import Scenario, expected_costs, extrapolation_warnings, pass_sizes
+from moesim.sim.cost.pass_features import batch_expected_costs
 from moesim.sim.cost.steptime import PassCost
 
 
@@ -66,13 +66,12 @@ class Prediction:
 def predict(scenario: Scenario, max_pass: int = 16, sizes: list[int] | None = None, batch: int = 1) -> Prediction:
     """T(n) for n = 1..max_pass (above 64 on a grid, `pass_sizes`) or the given sizes, expected over
     the trace's windows; `batch` B > 1: passes of B requests of n tokens each, over the trace's batch
-    windows (`moesim.sim.analysis.ranks.union_pass_cost`, as `best-draft --batch`)."""
+    windows (`moesim.sim.cost.pass_features.batch_expected_costs`, as `best-draft --batch`)."""
     if batch < 1:
         raise InputError(f"batch must be >= 1, got {batch}")
     n = pass_sizes(max_pass, sizes)
     if batch == 1:
         cost = expected_costs(scenario, n)
     else:
-        model, trace, context = scenario.model, scenario.trace, scenario.context_tokens
-        cost = mean_costs([union_pass_cost(model, trace, batch, int(size), SAMPLED_WINDOWS, context)[0] for size in n])
+        cost = batch_expected_costs(scenario.model, scenario.trace, batch, n, scenario.context_tokens)[0]
     return Prediction(scenario.model.family, n, cost, extrapolation_warnings("pass", "n", cost.extrapolation, n), batch)

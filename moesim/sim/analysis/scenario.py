@@ -17,10 +17,9 @@ from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.families import extrapolated
 from moesim.kernels.windows import MAX_PASS_LIMIT
 from moesim.models import ModelPreset, builtin_names, load_target
-from moesim.sim.analysis.ranks import sampled_expected_costs
 from moesim.sim.cost.drafters import Drafter, make_drafter
 from moesim.sim.cost.parallel import Devices
-from moesim.sim.cost.pass_features import check_sizes, window_distributions
+from moesim.sim.cost.pass_features import check_sizes, sampled_expected_costs, window_distributions
 from moesim.sim.cost.steptime import PassCost, StepTimeModel, default_family
 from moesim.tracegen.formats.trace import Trace, read_trace
 from moesim.tracegen.routing.synth import Uniform, synthesize
@@ -39,10 +38,6 @@ class Scenario:
     def top_k(self) -> int:
         """Experts per token."""
         return self.model.preset.top_k
-
-    def dense_us(self, bytes_read: float, flops: float) -> float:
-        """The profile's dense family (drafters use it)."""
-        return self.model.dense_family_us(bytes_read, flops)
 
 
 def preset_for_trace(trace: Trace, model: str | None) -> ModelPreset:
@@ -103,7 +98,7 @@ def pass_sizes(max_pass: int, sizes: list[int] | None = None) -> np.ndarray:
 
 def expected_costs(scenario: Scenario, sizes: np.ndarray, model: StepTimeModel | None = None, trace: Trace | None = None) -> PassCost:
     """Expected pass times over the trace's windows for every pass size (shape (len(sizes),)); expert
-    parallel, the mean over sampled windows at each layer's slowest rank (`moesim.sim.analysis.ranks`)."""
+    parallel, the mean over sampled windows at each layer's slowest rank (`moesim.sim.cost.pass_features`)."""
     model, trace = model or scenario.model, trace or scenario.trace
     sizes = np.asarray(sizes, np.int64)
     if model.parallel.ranks > 1:

@@ -1,5 +1,6 @@
-"""The speculation math, one place for `best-draft`, `batch`, `predict`'s and the sweeps' questions:
-closed forms of speculative decoding (vectorised), and the costs of a speculative iteration per k.
+"""The speculation math, one place for `best-draft`, `batch`, the sweeps' and the server's questions:
+closed forms of speculative decoding (vectorised), the costs of a speculative iteration per k, and
+what `best-draft` (`best_draft_analysis`) and `batch` (`batch_iteration`) ask of them, in one call.
 
 k = draft length (k = 0 is plain decoding), α = acceptance rate, τ(k) = tokens per verify pass (a
 chain's geometric sum, or the drafter's tree's nodes, `moesim.sim.cost.tree`), C(k) = relative
@@ -18,17 +19,20 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import polars as pl
 
 from moesim.errors import InputError
 from moesim.fields import FieldError
 from moesim.hw_profiles import HardwareProfile
 from moesim.hw_profiles.speculative import SpecPath
 from moesim.parsing import parse_float, parse_int
-from moesim.sim.analysis.ranks import mean_costs, union_pass_cost
 from moesim.sim.analysis.scenario import LARGEST_PASS, Scenario, expected_costs, extrapolation_warnings
+from moesim.sim.analysis.verdict import Verdict, verdicts
 from moesim.sim.cost.drafters import Drafter, draft_us
+from moesim.sim.cost.pass_features import batch_expected_costs
 from moesim.sim.cost.steptime import ERROR_BOX_CORNERS, SIGNS, PassCost
 from moesim.sim.cost.trace_batch import spec_overhead_us
 from moesim.sim.cost.tree import DEFAULT_SIBLING_RATE, TreeSpec, break_even_alpha_tree, depth_alphas, solve_alpha
@@ -162,12 +166,16 @@ def speedup_table(alpha: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """
     a = np.asarray(alpha, np.float64).reshape(-1, 1)
     c = np.asarray(cost, np.float64)
-    powers = np.empty((a.shape[0], c.size))
+    return _chain_sums(np.broadcast_to(a, (a.shape[0], c.size - 1))) / c
+
+
+def _chain_sums(rates: np.ndarray) -> np.ndarray:
+    """τ(k) = Σ_{i<=k} Π_{d<=i} α_d for k = 0..K from rows of K per-depth rates: cumulative product, then sum."""
+    powers = np.empty((rates.shape[0], rates.shape[1] + 1))
     powers[:, :1] = 1.0
-    powers[:, 1:] = a
+    powers[:, 1:] = rates
     np.cumprod(powers, axis=1, out=powers)
     np.cumsum(powers, axis=1, out=powers)
-    powers /= c
     return powers
 
 
@@ -178,12 +186,7 @@ def tokens_per_pass_table(rates: np.ndarray, max_draft: int, tree: TreeSpec, sib
     points = depth_alphas(rates, max(max_draft, 1))
     if not tree.is_chain:
         return np.stack([tree.tokens_per_pass(k, points, sibling_rate) for k in range(max_draft + 1)], axis=1)
-    powers = np.empty((points.shape[0], max_draft + 1))
-    powers[:, :1] = 1.0
-    powers[:, 1:] = points[:, :max_draft]
-    np.cumprod(powers, axis=1, out=powers)
-    np.cumsum(powers, axis=1, out=powers)
-    return powers
+    return _chain_sums(points[:, :max_draft])
 
 
 def best_in_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -334,8 +337,7 @@ def spec_costs(scenario: Scenario, max_draft: int, batch: int = 1, max_batches: 
     if batch == 1:
         verify = expected_costs(scenario, widths)
     else:
-        model, trace, context = scenario.model, scenario.trace, scenario.context_tokens
-        verify = mean_costs([union_pass_cost(model, trace, batch, int(w), max_batches, context)[0] for w in widths])
+        verify = batch_expected_costs(scenario.model, scenario.trace, batch, widths, scenario.context_tokens, max_batches)[0]
     return costs_on(
         scenario.model.profile, drafter, widths, draft_costs_us(scenario, max_draft, batch), verify, batch, scenario.model.preset.layers
     )
@@ -344,7 +346,10 @@ def spec_costs(scenario: Scenario, max_draft: int, batch: int = 1, max_batches: 
 def draft_costs_us(scenario: Scenario, max_draft: int, batch: int = 1) -> np.ndarray:
     """T_draft(k) for k = 0..max_draft, `batch` requests drafting in lockstep."""
     return np.array(
-        [draft_us(scenario.drafter, np.full(batch, k), scenario.context_tokens, scenario.dense_us) for k in range(max_draft + 1)]
+        [
+            draft_us(scenario.drafter, np.full(batch, k), scenario.context_tokens, scenario.model.dense_family_us)
+            for k in range(max_draft + 1)
+        ]
     )
 
 
@@ -389,10 +394,11 @@ DEFAULT_MAX_DRAFT = 8  # the largest draft length k of best-draft when none is g
 
 
 @dataclass(frozen=True)
-class Speedups:
-    """Everything `best-draft` asks of the speculation math: the acceptance points, the iteration's
-    costs C(k) with their box, τ and S = τ / C per point and k (nominal, then every corner), k*(α)
-    with its speedup, their ranges over the box, break-even acceptances and the staircase."""
+class BestDraft:
+    """What `best-draft` asks: the acceptance points, the iteration's costs C(k) with their box, τ and
+    S = τ / C per point and k (nominal, then every corner), k*(α) with its speedup, their ranges over
+    the box (ambiguous where a range spans several k), break-even acceptances and the staircase; with
+    `verdict`, whether speculation pays at each point and why (`moesim.sim.analysis.verdict`)."""
 
     points: list[AcceptancePoint]
     alpha: np.ndarray
@@ -410,24 +416,81 @@ class Speedups:
     steps: list[tuple[float, int]]
     verify_tokens: tuple[int, ...]  # per k when the drafter verifies a tree
     warnings: list[str]
+    batch: int = 1
     spec_draft: np.ndarray | None = None  # with `verdict`: per point, the best speculative k (>= 1)
     shares: dict[str, np.ndarray] | None = None  # with `verdict`: C(k) − 1 by term (`SpecCosts.shares`)
     parts: dict[str, list[np.ndarray]] | None = None  # with `verdict`: C(k) at the ends of each uncertain part (`SpecCosts.one_at_a_time`)
+    verdicts: tuple[Verdict, ...] = ()
+
+    @property
+    def acceptance(self) -> tuple[str, ...]:
+        """Labels of the points when any is not a plain α (else none)."""
+        labels = tuple(p.label for p in self.points)
+        return labels if any(not label.startswith("alpha=") for label in labels) else ()
+
+    @property
+    def spec_overhead_us(self) -> tuple[float, ...]:
+        """O(k) per k when the profile has spec-path terms (else none)."""
+        overhead = self.costs.overhead_us
+        return tuple(float(o) for o in overhead) if np.any(overhead) else ()
+
+    def table(self) -> pl.DataFrame:
+        """One row per acceptance point."""
+        frame = pl.DataFrame(
+            {
+                "alpha": self.alpha,
+                "best_draft": self.best_draft,
+                "speedup": self.speedup,
+                "speedup_low": self.speedup_low,
+                "speedup_high": self.speedup_high,
+                "best_draft_range": [
+                    f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in zip(self.best_draft_low, self.best_draft_high, strict=True)
+                ],
+            }
+        )
+        return frame.with_columns(acceptance=pl.Series(self.acceptance)) if self.acceptance else frame
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: `points` as the issue specifies, plus staircase and break-even (and what else was asked)."""
+        points = [
+            {"alpha": float(a), "best_draft": int(k), "speedup": float(s), "speedup_low": float(lo), "speedup_high": float(hi),
+             "best_draft_low": int(klo), "best_draft_high": int(khi), "ambiguous": bool(klo != khi)}
+            for a, k, s, lo, hi, klo, khi in zip(self.alpha, self.best_draft, self.speedup, self.speedup_low, self.speedup_high,
+                                                 self.best_draft_low, self.best_draft_high, strict=True)
+        ]  # fmt: skip
+        for point, label in zip(points, self.acceptance, strict=False):
+            point["acceptance"] = label
+        out: dict[str, Any] = {
+            "points": points,
+            "relative_cost": self.relative_cost.tolist(),
+            "break_even_alpha": [None if not np.isfinite(a) else float(a) for a in self.break_even],
+            "staircase": [{"from_alpha": a, "best_draft": k} for a, k in self.steps],
+            "warnings": self.warnings,
+        }
+        extras = {"verify_tokens": list(self.verify_tokens), "spec_overhead_us": list(self.spec_overhead_us)}
+        out.update({key: value for key, value in extras.items() if value})
+        if self.batch != 1:
+            out["batch"] = self.batch
+        if self.verdicts:
+            out["verdict"] = [v.to_dict() for v in self.verdicts]
+        return out
 
 
-def speedups(
+def best_draft_analysis(
     scenario: Scenario,
-    alphas: list[float],
-    accept_lengths: list[str],
-    depth_rates: list[str],
-    runs: list[str],
-    max_draft: int | None,
-    batch: int,
+    alphas: list[float] | np.ndarray,
+    max_draft: int | None = None,
+    *,
+    accept_lengths: list[str] | None = None,
+    depth_rates: list[str] | None = None,
+    runs: list[str] | None = None,
+    batch: int = 1,
     verdict: bool = False,
-) -> Speedups:
-    """k*(α) = argmax_k τ(k) / C(k) for k = 0..max_draft per acceptance point, over the error box too;
-    `verdict` adds the best speculative k (>= 1) and C(k)'s parts for the verdicts.
-    `max_draft` None: DEFAULT_MAX_DRAFT, or the depth of a static tree (paths) when shallower."""
+) -> BestDraft:
+    """k*(α) = argmax_k τ(k) / C(k) for k = 0..max_draft per acceptance point, over the error box too
+    (the families' ε and the spec-path terms' bound); `verdict` adds whether speculation pays at each
+    point (its best speculative k >= 1, C(k)'s parts). `max_draft` None: DEFAULT_MAX_DRAFT, or the
+    depth of a static tree (paths) when shallower."""
     tree = scenario.drafter.tree
     depth = tree.max_depth
     if max_draft is None:
@@ -445,7 +508,7 @@ def speedups(
         raise InputError(f"--max-draft {max_draft} needs passes of {max_draft + 1} positions; the longest in the trace has {longest}")
     if batch < 1:
         raise InputError(f"batch must be >= 1, got {batch}")
-    points = acceptance_points(alphas, accept_lengths, depth_rates, runs, tree)
+    points = acceptance_points(list(np.ravel(alphas)), accept_lengths or [], depth_rates or [], runs or [], tree)
     costs = spec_costs(scenario, max_draft, batch)
     taus, tables = speedup_tables([p.rates for p in points], costs, tree)
     nominal = costs.relative()
@@ -457,7 +520,7 @@ def speedups(
     sizes, first = np.unique(costs.widths, return_index=True)  # one extrapolation factor per distinct verify width
     if verdict and tables[0].shape[1] < 2:
         raise InputError("a verdict needs a draft length >= 1 (--max-draft)")
-    return Speedups(
+    found = BestDraft(
         points=points,
         alpha=np.array([p.rates[0] for p in points], np.float64),
         costs=costs,
@@ -474,10 +537,12 @@ def speedups(
         steps=steps,
         verify_tokens=() if tree.is_chain else tuple(int(w) for w in costs.widths),
         warnings=extrapolation_warnings("verify pass", "n", np.asarray(costs.verify.extrapolation)[first], sizes),
+        batch=batch,
         spec_draft=best_in_table(tables[0][:, 1:])[0] + 1 if verdict else None,
         shares=costs.shares() if verdict else None,
         parts=costs.one_at_a_time() if verdict else None,
     )
+    return dataclasses.replace(found, verdicts=tuple(verdicts(found, tree))) if verdict else found
 
 
 @dataclass(frozen=True)
@@ -514,6 +579,6 @@ def batch_iteration(scenario: Scenario, alpha: float, draft_len: int, batches: l
         verify_tokens=verify,
         tokens_per_pass=float(tokens_per_pass(k, alpha)) if chain else float(tree.tokens_per_pass(k, np.array([alpha]))[0]),
         tree=not chain,
-        draft_us=np.asarray([draft_us(drafter, np.full(b, k), scenario.context_tokens, scenario.dense_us) for b in batches]),
+        draft_us=np.asarray([draft_us(drafter, np.full(b, k), scenario.context_tokens, scenario.model.dense_family_us) for b in batches]),
         spec_us=None if spec is None else np.asarray([spec_overhead_us(spec, drafter, k, b * verify, b, layers) for b in batches]),
     )

@@ -1,19 +1,21 @@
 """Does speculation pay here? The verdict at each acceptance point: the best speculative k, its
 speedup with the interval over the error box, the break-even acceptance length C(k) and which term
 of C(k) − 1 decides. The acceptance points, the iteration's costs C(k) and the speedup tables come
-in one `Speedups` from `moesim.sim.analysis.speculation`; the break-even acceptance length (tokens
+in one `BestDraft` from `moesim.sim.analysis.speculation`; the break-even acceptance length (tokens
 per pass, bonus included) is C(k) itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moesim.sim.analysis.speculation import Speedups
 from moesim.sim.cost.tree import TreeSpec, break_even_alpha_tree
+
+if TYPE_CHECKING:  # the speculation math asks for the verdicts
+    from moesim.sim.analysis.speculation import BestDraft
 
 # How to pin down each uncertain part of C(k): what to measure and the function that fits it.
 CALIBRATE = {
@@ -71,12 +73,12 @@ def verdict_of(speedup_low: float, speedup_high: float) -> str:
     return "loses" if speedup_high < 1.0 else "uncertain"
 
 
-def verdicts(speedups: Speedups, tree: TreeSpec) -> list[Verdict]:
+def verdicts(found: BestDraft, tree: TreeSpec) -> list[Verdict]:
     """The verdict per point at its best speculative k, from the nominal speedup table (tables[0]) and the corners' (tables[1:])."""
-    tables, taus, costs, c = speedups.tables, speedups.taus, speedups.costs, speedups.relative_cost
-    nominal, shares, parts = tables[0], speedups.shares, speedups.parts  # asked with `verdict`
+    tables, taus, costs, c = found.tables, found.taus, found.costs, found.relative_cost
+    nominal, shares, parts = tables[0], found.shares, found.parts  # asked with `verdict`
     out = []
-    for i, (point, k) in enumerate(zip(speedups.points, speedups.spec_draft, strict=True)):
+    for i, (point, k) in enumerate(zip(found.points, found.spec_draft, strict=True)):
         at = [t[i, k] for t in tables]  # the nominal point with the corners
         alpha = break_even_alpha_tree(tree, int(k), float(c[k]))
         deciding = _deciding_part(parts, float(taus[i, k]), int(k))

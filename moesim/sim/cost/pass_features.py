@@ -10,6 +10,11 @@ forms and sweeps cost, with one set of messages.
   union of its B·n slots (`kernels.reuse.group_features`), through the disk cache (`moesim.cache`),
   keyed by the content of the trace's expert ids and of the windows (`batch_union_features`,
   `batch_distributions`: each pass and layer equally likely).
+- Sampled passes: under expert parallelism the (U, M) distribution of a window says nothing of how
+  its experts fall on the ranks, so a pass size is costed over up to SAMPLED_WINDOWS windows of the
+  trace (spread evenly), each counted per rank (`kernels.unions.union_pass`) and priced at each
+  layer's slowest rank (`StepTimeModel.ranked_pass_cost`); a batch's passes likewise, one cost per
+  union (`union_pass_cost`), and the mean of sampled passes' costs (`mean_costs`).
 
 A verify pass of a draft tree of width w is a pass of w tokens per sequence; the server's own
 passes (mixed passes of chunked prefill, a batch's verify windows at each request's position) are
@@ -18,19 +23,24 @@ counted per iteration where they happen (`moesim.sim.cost.trace_batch`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from moesim.cache import content_digest, group
 from moesim.errors import InputError
+from moesim.hw_profiles.ladder.rungs import RUNGS
 from moesim.kernels.features import RoutingFeatures
 from moesim.kernels.reuse import DEFAULT_TILES, group_features, window_reuse_means, with_mean_reuse
 from moesim.kernels.sliding import sliding_distribution
-from moesim.kernels.unions import BatchLanes, batch_lanes, batch_windows
+from moesim.kernels.unions import BatchLanes, batch_lanes, batch_windows, union_pass, union_scratch
 from moesim.kernels.windows import MAX_PASS_LIMIT, summarize_windows
+from moesim.sim.cost.steptime import PassCost, StepTimeModel
 from moesim.tracegen.formats.trace import Trace
 
 Distribution = tuple[RoutingFeatures, np.ndarray]  # features of every cell, and each cell's probability
 Windows = tuple[np.ndarray, np.ndarray, np.ndarray]  # group offsets, first rows, lengths (`batch_windows`' layout)
+SAMPLED_WINDOWS = 256  # passes sampled per pass size where the windows' distribution does not serve
 
 
 def check_sizes(trace: Trace, sizes: np.ndarray) -> np.ndarray:
@@ -161,3 +171,90 @@ def pass_distributions(trace: Trace, batch: int, sizes: np.ndarray, max_batches:
         distributions = window_distributions(trace, sizes)
         return distributions, mean_distinct_experts(trace, sizes, distributions)
     return batch_distributions(trace, batch, sizes, max_batches)
+
+
+# ---- passes sampled from the trace and their costs (expert parallel: each layer at its slowest rank) ----
+
+
+def rank_counts(
+    trace: Trace, offsets: np.ndarray, starts: np.ndarray, lengths: np.ndarray, ranks: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct experts, max tokens per expert and slots per group of windows, rank and MoE layer:
+    (groups, ranks, L) each."""
+    experts = trace.meta.geometry.experts
+    scratch = union_scratch(trace.experts.shape[1], experts)
+    out = np.empty((3, len(offsets) - 1, ranks, trace.experts.shape[1]), np.int64)
+    for g in range(len(offsets) - 1):
+        rows = slice(int(offsets[g]), int(offsets[g + 1]))
+        out[:, g] = union_pass(trace.experts, starts[rows], lengths[rows], experts, scratch, ranks=ranks)
+    return out[0], out[1], out[2]
+
+
+def ranked_costs(
+    model: StepTimeModel, trace: Trace, windows: tuple[np.ndarray, np.ndarray, np.ndarray], context_tokens: float, sequences: float
+) -> tuple[PassCost, np.ndarray]:
+    """Per group of windows (`batch_windows`' layout): its cost at each layer's slowest rank, and
+    its distinct experts per layer (all ranks together)."""
+    offsets, starts, lengths = windows
+    distinct, most, slots = rank_counts(trace, offsets, starts, lengths, model.parallel.ranks)
+    tokens = np.add.reduceat(lengths, offsets[:-1]) if lengths.size else np.zeros(0)
+    return model.ranked_pass_cost(distinct, most, slots, tokens, context_tokens, sequences), distinct.sum(axis=1)
+
+
+def sampled_expected_costs(model: StepTimeModel, trace: Trace, sizes: np.ndarray, context_tokens: float) -> PassCost:
+    """One pass of each size over up to SAMPLED_WINDOWS of the trace's windows, expert parallel: the mean of their costs."""
+    windows = [batch_pass_windows(trace, 1, int(n), SAMPLED_WINDOWS)[0] for n in sizes]
+    return mean_costs([ranked_costs(model, trace, w, context_tokens, 1.0)[0] for w in windows])
+
+
+def union_pass_cost(
+    model: StepTimeModel, trace: Trace, batch: int, n: int, max_batches: int, context_tokens: int
+) -> tuple[PassCost, np.ndarray, str]:
+    """Pass costs of `batch` sequences of n tokens each, each at `context_tokens`, over the trace's batch
+    windows (one per window, `batch_union_features`), their mean distinct experts per layer, and
+    where the lanes came from; expert parallel, each layer at its slowest rank."""
+    context = float(batch * context_tokens)
+    if model.parallel.ranks > 1:
+        windows, lanes = batch_pass_windows(trace, batch, n, max_batches)
+        cost, distinct = ranked_costs(model, trace, windows, context, float(batch))
+        return cost, distinct, lanes.describe()
+    features, _, lanes = batch_union_features(trace, batch, n, max_batches)
+    cost = model.pass_cost(features, context, float(batch))
+    return cost, features.distinct_experts, lanes.describe()
+
+
+def batch_expected_costs(
+    model: StepTimeModel, trace: Trace, batch: int, sizes: np.ndarray, context_tokens: int, max_batches: int = SAMPLED_WINDOWS
+) -> tuple[PassCost, np.ndarray]:
+    """Per pass size n: the mean cost of the trace's passes of `batch` sequences of n tokens each
+    (`union_pass_cost`, `mean_costs`), and their mean distinct experts per layer."""
+    passes = [union_pass_cost(model, trace, batch, int(n), max_batches, context_tokens) for n in sizes]
+    return mean_costs([cost for cost, _, _ in passes]), np.array([float(np.mean(distinct)) for _, distinct, _ in passes])
+
+
+def mean_costs(costs: list[PassCost]) -> PassCost:
+    """One PassCost per entry: each entry's parts averaged over its windows (ε and extrapolation:
+    the largest of its windows, the family: the one most of its windows took)."""
+    first = costs[0]
+    kinds = dict.fromkeys(k for c in costs for k in c.provenance_us)
+    return dataclasses.replace(
+        first,
+        expert_us=np.array([np.mean(c.expert_us) for c in costs]),
+        dense_us=np.array([np.mean(c.dense_us) for c in costs]),
+        comm_us=np.array([np.mean(c.comm_us) for c in costs]),
+        comm_epsilon=np.array([np.max(c.comm_epsilon) for c in costs]),
+        expert_epsilon=np.array([np.max(c.expert_epsilon, initial=0.0) for c in costs]),
+        family=np.array([_most_common(c.family) for c in costs]),
+        extrapolation=np.array([np.max(c.extrapolation) for c in costs]),
+        provenance_us={k: np.array([np.mean(c.provenance_us.get(k, 0.0)) for c in costs]) for k in kinds},
+        expert_by_family_us={},
+        rung_us=np.stack([np.asarray(c.rung_us).reshape(-1, len(RUNGS)).mean(axis=0) for c in costs]),
+        bound_basis="; ".join(dict.fromkeys(c.bound_basis for c in costs)),
+        engine_parts_us={k: np.array([np.mean(c.engine_parts_us[k]) for c in costs]) for k in first.engine_parts_us},
+    )
+
+
+def _most_common(values: np.ndarray) -> str:
+    """The value most entries hold (the first of the ties)."""
+    names, counts = np.unique(np.ravel(values).astype(str), return_counts=True)
+    return str(names[np.argmax(counts)])

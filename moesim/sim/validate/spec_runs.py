@@ -128,7 +128,7 @@ def run_costs(description: RunDescription, runs: pl.DataFrame, seed: int = 0) ->
     trace = synthesize(preset, Uniform(), max(512, 2 * width), 2, seed, fmt)
     scenario = Scenario(StepTimeModel(preset, profile, default_family(profile), fmt), trace, drafter, description.context_tokens)
     single, verify = expected_costs(scenario, np.array([1, width])).total_us()
-    drafted = draft_us(drafter, np.array([description.draft_len]), description.context_tokens, scenario.dense_us)
+    drafted = draft_us(drafter, np.array([description.draft_len]), description.context_tokens, scenario.model.dense_family_us)
     return RunCosts(
         row=description.row,
         source=str(record["source_url"]),
@@ -320,7 +320,7 @@ def judge_verdicts(published: list[PublishedRun], setting: dict[str, object] = J
         drafter = make_drafter("eagle3" + (f",{run.tree.label()}" if not run.tree.is_chain else ""), preset, fmt)
         scenario = Scenario(model, trace, drafter, context)
         single, verify = expected_costs(scenario, np.array([1, drafter.tree.width(run.steps)])).total_us()
-        drafted = draft_us(drafter, np.array([run.steps]), context, scenario.dense_us)
+        drafted = draft_us(drafter, np.array([run.steps]), context, scenario.model.dense_family_us)
         width = drafter.tree.width(run.steps)
         spec = profile.speculative  # the profile's engine terms: its time per forward is in T already, O added here
         drafted += spec.overhead_us(draft_steps(drafter, run.steps), width, 0, 1, preset.layers) if spec is not None else 0.0

@@ -406,6 +406,7 @@ def profile_of(
         section_sources=section_sources,
         dispatch=Dispatch(rules, frame.dispatch.source),
         partial=frame.partial,
+        bench_routed_share=min((r.routed_share for r in rows), default=1.0),
     )
 
 

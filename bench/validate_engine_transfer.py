@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moesim.hw_profiles.fitting.bench_fit import fit_bench_output, predicted_rows
-from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE, fit_recipe
+from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, PUBLIC_TABLE, fit_recipe
 from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
 from moesim.hw_profiles.fitting.engine_validation import leave_one_model_out as own_lomo
@@ -36,6 +36,7 @@ from moesim.hw_profiles.fitting.pooled.pool_validation import (
     pair_kind,
     stated_transfer,
 )
+from moesim.hw_profiles.fitting.pooled.routing_share import choose_share
 from moesim.hw_profiles.importers import ImportOptions, import_table
 
 SERIES = {
@@ -75,7 +76,18 @@ def main() -> None:
     parts = {engine: engine_parts(engine, eras=ERAS) for engine in engines}
     by_name = {p.recipe.name: p for ps in parts.values() for p in ps}
 
-    print("#### Leave one model out: the per-device fit against the pooled engine fit\n")
+    print("#### The routed share of llama-bench's tokens per engine (`routing_share.choose_share`)\n")
+    print("| engine | held-out error per share: median % | chosen | stored |")
+    print("|---|---|---|---|")
+    for engine in engines:
+        items = [item for item in recipes if item.engine == engine]
+        if not any(r.scope == "pass" and r.sequences == 1 for item in items for r in fit_recipe(item).rows):
+            continue
+        chosen, errors = choose_share(items)
+        cells = ", ".join(f"{share:g}: {100 * error:.1f}" for share, error in errors.items())
+        print(f"| {engine} | {cells} | {chosen:g} | {BENCH_ROUTED_SHARE.get(engine, 1.0):g} |")
+
+    print("\n#### Leave one model out: the per-device fit against the pooled engine fit\n")
     print(
         "| device | per device: rows | per device: time per pass % | per device: T(n)/T(n0) % | pooled: rows | pooled: time per pass % "
         "| pooled: T(n)/T(n0) % |"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, assert_one_line_error
 
+from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE
 from moesim.hw_profiles.schema import read_profile
 from moesim.kernels.features import uniform_distinct_experts
 from moesim.models import load_preset
@@ -19,7 +20,8 @@ SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32)
 def _synthetic_run(cliff: int, noise: float = 0.0) -> str:
     """llama-bench markdown of pp512 runs from a plain formula: per pass a fixed 3 ms, the
     non-expert weights at 800 GB/s, and per MoE layer either every slot's expert read at 800 GB/s
-    (n <= cliff) or 150 µs + each distinct expert read at 700 GB/s + the slots' FLOPs at 20 TFLOP/s."""
+    (n <= cliff) or 150 µs + each distinct expert read at 700 GB/s + the slots' FLOPs at 20 TFLOP/s;
+    llama-bench's random tokens routed uniformly over the CUDA engine's share of the experts."""
     preset = load_preset("deepseek-v2-lite")
     expert_bytes = 3 * 2048 * 1408 * 18 / 32
     layers, experts, top_k = len(preset.moe_layers), preset.experts, preset.top_k
@@ -28,7 +30,7 @@ def _synthetic_run(cliff: int, noise: float = 0.0) -> str:
         if n <= cliff:
             moe = layers * top_k * n * expert_bytes / 800e3
         else:
-            distinct = float(uniform_distinct_experts(n, experts, top_k))
+            distinct = float(uniform_distinct_experts(n, BENCH_ROUTED_SHARE["llama.cpp CUDA"] * experts, top_k))
             moe = layers * (150 + distinct * expert_bytes / 700e3 + n * top_k * 6 * 2048 * 1408 / 20e6)
         return 3000 + preset.non_expert_bytes_per_token("Q4_0") / 800e3 + moe
 
@@ -55,7 +57,9 @@ def test_fit_learns_the_cliff_and_predicts_held_out_sizes(tmp_path: Path, cli, c
     assert list(profile.dispatch.family_for("Q4_0", list(SIZES), 64, 6)) == ["per_slot" if n <= cliff else "dedup_mmq" for n in SIZES]
     held = profile.expert_family("dedup_mmq").heldout_error.leave_one_size_out
     mat_mat_sizes = sum(1 for n in SIZES if n > cliff)
-    bound = 0.05 if mat_mat_sizes > 3 else 0.2  # with three mat-mat sizes, leaving one out leaves two to fit its rates
+    # with three mat-mat sizes, leaving one out leaves two to fit its rates; over 32 of the 64 experts the
+    # distinct experts of 12, 16 and 32 tokens are 29.4, 30.8 and 32.0, so the two barely tell bytes from fixed time
+    bound = 0.05 if mat_mat_sizes > 3 else 0.25
     assert held is not None and held.median < bound and held.rows == mat_mat_sizes
     assert [row.n_tokens for row in profile.sources["measurements"].rows] == list(SIZES)
 

@@ -135,7 +135,7 @@ def test_fit_accounting_is_the_step_time_models(built) -> None:  # type: ignore[
             decode = row.__class__(**{**row.__dict__, **changes})
             model = StepTimeModel(decode.preset, profile, "dispatch", row.shape.weight_format)
             layers = len(decode.preset.moe_layers)
-            features = uniform_features(row.n_tokens, row.experts, row.top_k)
+            features = uniform_features(row.n_tokens, row.experts, row.top_k, row.routed_share)
             features = RoutingFeatures(
                 *(np.full(layers, float(getattr(features, f))) for f in ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert"))
             )

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from conftest import REPO
 
+from moesim.hw_profiles.builtin import load_profile
 from moesim.hw_profiles.catalog import catalog
 from moesim.hw_profiles.fitting.bench_fit import fit_bench_output, predicted_rows
-from moesim.hw_profiles.fitting.engine_builtins import fit_recipe
+from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, fit_recipe, recipe_rows
 from moesim.hw_profiles.fitting.engine_validation import all_recipes
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
 from moesim.hw_profiles.fitting.pooled.data_limits import (
@@ -32,6 +33,8 @@ from moesim.hw_profiles.fitting.pooled.pool_validation import (
     pair_kind,
     stated_transfer,
 )
+from moesim.hw_profiles.fitting.pooled.routing_share import ROUTED_SHARES, choose_share
+from moesim.hw_profiles.fitting.whole_pass import uniform_features
 from moesim.hw_profiles.importers import ImportOptions, import_table
 from moesim.hw_profiles.importers.rows import decode_scope, prompt_scope
 
@@ -223,3 +226,39 @@ def test_leave_one_size_out_predicts_every_size_of_a_device_and_tells_interior_s
     assert judged is not None and np.isfinite(judged.predicted_us).all()
     assert [r.n_tokens for r, inside in zip(judged.rows, interior(judged), strict=True) if inside] == [512, 1024]
     assert not np.allclose(judged.predicted_us, fit_recipe(item).in_sample_us)  # not the in-sample fit
+
+
+def test_tokens_routed_over_a_share_of_the_experts_touch_what_sampling_them_touches() -> None:
+    """Against sampling: m tokens, each picking K distinct experts uniformly among e = share·E of them."""
+    rng = np.random.default_rng(7)
+    experts, top_k, share, tokens = 64, 6, 0.5, 12
+    hot = int(share * experts)
+    touched = [len({int(e) for _ in range(tokens) for e in rng.choice(hot, top_k, replace=False)}) for _ in range(4000)]
+    features = uniform_features(tokens, experts, top_k, share)
+    assert float(features.distinct_experts) == pytest.approx(np.mean(touched), rel=0.01)
+    assert float(uniform_features(1, experts, top_k, share).distinct_experts) == pytest.approx(top_k)  # one token: K whatever the share
+    assert float(uniform_features(tokens, experts, top_k, 0.01).distinct_experts) == pytest.approx(top_k)  # never under K experts
+
+
+def test_only_llama_bench_passes_take_the_engines_routed_share() -> None:
+    """A CUDA profile fitted on llama-bench rows states its engine's share; the RX 7900 XTX's rows are
+    llama-batched-bench decodes (one token id in every sequence) and a vLLM profile's kernel benchmarks:
+    both route over every expert."""
+    recipes = {item.name: item for item in all_recipes()}
+    rows = recipe_rows(recipes["nvidia-rtx-3090-llamacpp"])
+    assert {r.routed_share for r in rows} == {BENCH_ROUTED_SHARE["llama.cpp CUDA"]} and BENCH_ROUTED_SHARE["llama.cpp CUDA"] < 1.0
+    assert {r.routed_share for r in recipe_rows(recipes["amd-rx-7900-xtx-vulkan"])} == {1.0}
+    batched = next(r for r in recipe_rows(recipes["amd-rx-7900-xtx-vulkan"]) if r.sequences > 1)
+    assert batched.routed_over(0.5).routed_share == 1.0 and rows[0].routed_over(0.7).routed_share == 0.7
+    assert load_profile("nvidia-rtx-3090-llamacpp").bench_routed_share == BENCH_ROUTED_SHARE["llama.cpp CUDA"]
+    assert load_profile("nvidia-rtx-4090-llamacpp").bench_routed_share == BENCH_ROUTED_SHARE["llama.cpp CUDA"]  # scaled: the base's
+    assert load_profile("amd-rx-7900-xtx-vulkan").bench_routed_share == load_profile("nvidia-h200-vllm").bench_routed_share == 1.0
+
+
+def test_the_stored_share_is_the_held_out_choice_on_the_metal_rows() -> None:
+    """The Metal engine's seven rows (two devices): the stored share is the candidate its held-out
+    error picks (bench/validate_engine_transfer.py checks every engine)."""
+    items = [item for item in all_recipes() if item.engine == "llama.cpp Metal"]
+    chosen, errors = choose_share(items)
+    assert chosen == BENCH_ROUTED_SHARE["llama.cpp Metal"] and set(errors) == set(ROUTED_SHARES)
+    assert errors[chosen] < errors[1.0]  # the share is learned, not the default

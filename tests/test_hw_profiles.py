@@ -292,6 +292,8 @@ def _h200_dict() -> dict:
         (lambda d: d["sources"]["datasheet"].pop("citation"), ["sources.datasheet.citation"]),
         (lambda d: d["families"]["per_slot"].__setitem__("typo_us", 1.0), ["families.per_slot.typo_us", "unknown"]),
         (lambda d: d["families"]["per_slot"].pop("heldout_error"), ["families.per_slot.heldout_error", "missing"]),
+        (lambda d: d["pass"].__setitem__("bench_routed_share", 1.5), ["pass.bench_routed_share", "at most 1", "1.5"]),
+        (lambda d: d["pass"].__setitem__("bench_routed_share", 0.0), ["pass.bench_routed_share", "> 0"]),
     ],
 )
 def test_bad_profiles_give_one_line_naming_the_field(mutate, fragments: list[str]) -> None:  # type: ignore[no-untyped-def]

@@ -52,6 +52,7 @@ class HardwareProfile:
     dispatch: Dispatch | None = None
     partial: bool = False
     speculative: SpecPath | None = None  # the speculative path's own terms (engine profiles; None: O = 0)
+    bench_routed_share: float = 1.0  # share of the experts a benchmark's random tokens route to (`whole_pass`; 1: all)
 
     @property
     def families(self) -> tuple[str, ...]:

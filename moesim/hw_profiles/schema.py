@@ -377,9 +377,12 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         reader.number(roofline_table, "peak_tflops", "roofline", positive=True),
     )
     pass_table = reader.table(data, "pass", "pass")
-    reader.unknown(pass_table, "pass", {"fixed_us", "source", "note"})
+    reader.unknown(pass_table, "pass", {"fixed_us", "bench_routed_share", "source", "note"})
     reader.source(pass_table, "pass", ("fixed_us",))
     pass_fixed_us = reader.number(pass_table, "fixed_us", "pass")
+    routed_share = reader.number(pass_table, "bench_routed_share", "pass", positive=True) if "bench_routed_share" in pass_table else 1.0
+    if routed_share > 1.0:
+        raise reader.fail("pass.bench_routed_share", f"is a share of the experts, at most 1, got {routed_share}")
 
     families_table = reader.table(data, "families", "families")
     experts: dict[str, ExpertFamily] = {}
@@ -406,6 +409,7 @@ def profile_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         device=device,
         roofline=roofline,
         pass_fixed_us=pass_fixed_us,
+        bench_routed_share=routed_share,
         expert_families=experts,
         dense=dense,
         sources=reader.sources,
@@ -516,7 +520,14 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         },
     )
     toml_section(
-        lines, "pass", {"fixed_us": profile.pass_fixed_us, "source": profile.section_sources["pass"], **_overrides(profile, "pass")}
+        lines,
+        "pass",
+        {
+            "fixed_us": profile.pass_fixed_us,
+            "bench_routed_share": profile.bench_routed_share if profile.bench_routed_share < 1.0 else None,
+            "source": profile.section_sources["pass"],
+            **_overrides(profile, "pass"),
+        },
     )
     dense = profile.dense
     toml_section(

@@ -37,7 +37,7 @@ from moesim.hw_profiles.catalog import catalog, lookup_device
 from moesim.hw_profiles.dispatch import Dispatch, DispatchRule
 from moesim.hw_profiles.engines import ENGINES, Engine
 from moesim.hw_profiles.families import Roofline
-from moesim.hw_profiles.fitting.engine_builtins import _assumed_dense, device_facts, used_sources
+from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, _assumed_dense, device_facts, used_sources
 from moesim.hw_profiles.fitting.engine_fit import EngineFit, ProfileFrame, fit_coefficients, fit_engine, predict_rows
 from moesim.hw_profiles.fitting.engine_validation import switches
 from moesim.hw_profiles.fitting.whole_pass import PassRow, pass_rows, predict_us, predicts
@@ -153,7 +153,7 @@ def choose_limit(
 
     def rows_at(limit: int) -> list[PassRow]:
         dispatch = with_limit(profile_frame.dispatch, weight_format, limit)
-        return pass_rows(frame, [dispatch] * frame.height, [build] * frame.height)
+        return pass_rows(frame, [dispatch] * frame.height, [build] * frame.height, BENCH_ROUTED_SHARE.get(engine.name, 1.0))
 
     cliffs = [
         (s.sizes[s.sizes.index(s.measured) - 1], s.measured)
@@ -230,7 +230,7 @@ def fit_bench_output(
     choice = choose_limit(frame, engine, frame_, weight_format, build, architecture)
     if choice.limit is not None and choice.limit != choice.source_limit:
         frame_ = dataclasses.replace(frame_, dispatch=with_limit(source_dispatch, weight_format, choice.limit))
-    rows = pass_rows(frame, [frame_.dispatch] * frame.height, [build] * frame.height)
+    rows = pass_rows(frame, [frame_.dispatch] * frame.height, [build] * frame.height, BENCH_ROUTED_SHARE.get(engine.name, 1.0))
     fit = fit_engine(rows, engine, frame_)
     fit.profile = used_sources(fit.profile)
     return BenchFit(fit, fmt_name, choice, (variant_note,) if variant_note else ())
@@ -254,7 +254,7 @@ def predicted_rows(frame: pl.DataFrame, profile: HardwareProfile) -> pl.DataFram
     predicted, error."""
     if profile.dispatch is None:
         raise InputError(f"profile '{profile.name}' has no engine dispatch: a benchmark's whole passes need an engine profile")
-    rows = pass_rows(frame, [profile.dispatch] * frame.height)
+    rows = pass_rows(frame, [profile.dispatch] * frame.height, share=profile.bench_routed_share)
     predicted = [predict_us(row, profile) if predicts(row, profile) else None for row in rows]
     measured = [row.time_us for row in rows]
     return pl.DataFrame(

@@ -115,6 +115,7 @@ def _scale(
         section_sources=section_sources,
         dispatch=base.dispatch,
         partial=base.partial,
+        bench_routed_share=base.bench_routed_share,
     )
 
 

@@ -30,6 +30,11 @@ from moesim.hw_profiles.provenance import FittedRow, Provenance, file_sha256
 
 PUBLIC_TABLE = Path("data") / "public-bench" / "moe_pass_times.csv"
 DENSE_SHARE, DENSE_COMPUTE_SHARE = 0.9, 0.7
+# The share of the experts a whole-pass benchmark's random tokens route to, per engine (`whole_pass`):
+# the one of `pooled.routing_share.ROUTED_SHARES` with the least held-out error over the engine's
+# shared rows (`choose_share`; bench/validate_engine_transfer.py prints the choice against these).
+# An engine not named here routes over every expert.
+BENCH_ROUTED_SHARE = {"llama.cpp CUDA": 0.5, "llama.cpp Metal": 0.7}
 
 
 @dataclass(frozen=True)
@@ -205,7 +210,7 @@ def _recipe_table(item: Recipe, table: Path) -> tuple[pl.DataFrame, list[PassRow
         dispatches += [engine.dispatch(group.era, item.architecture)] * frame.height
         builds += [group.build] * frame.height
     frame = pl.concat(frames, how="diagonal_relaxed")
-    return frame, pass_rows(frame, dispatches, builds)
+    return frame, pass_rows(frame, dispatches, builds, BENCH_ROUTED_SHARE.get(item.engine, 1.0))
 
 
 def profile_frame(item: Recipe, table: Path = PUBLIC_TABLE) -> ProfileFrame:

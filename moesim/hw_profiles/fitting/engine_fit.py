@@ -370,6 +370,12 @@ def profile_of(
         notes.append(f"not calibrated on this device, left out of the dispatch: {', '.join(dropped)}")
     families, ordered = single_token_order(families, rows, frame.dispatch)
     notes += ordered
+    share = min((r.routed_share for r in rows), default=1.0)
+    if share < 1.0:
+        notes.append(
+            f"the benchmark's whole passes were priced with its random tokens routed uniformly over {share:.0%} of the experts "
+            "(the engine's share, chosen by held-out error on the shared rows); a routing trace is priced as it routes"
+        )
     has_passes = any(r.scope == "pass" for r in rows)
     dense = frame.dense_fallback
     if has_passes:
@@ -406,6 +412,7 @@ def profile_of(
         section_sources=section_sources,
         dispatch=Dispatch(rules, frame.dispatch.source),
         partial=frame.partial,
+        bench_routed_share=share,
     )
 
 

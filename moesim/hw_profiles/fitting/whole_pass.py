@@ -14,13 +14,18 @@ accounting (the step-time model's, `moesim.sim.cost.steptime`):
 
 t_f(m) is the expert time of the family f the engine's dispatch runs for m tokens (profile
 families, `families.ExpertFamily`), on the features uniform routing gives m tokens in expectation
-(llama-bench and the kernel benchmarks route random tokens): U = E·(1 − (1 − K/E)^m), S = m·K.
+over the experts the tokens route to: U = e·(1 − (1 − K/e)^m), S = m·K. A kernel benchmark routes
+its tokens uniformly over all E experts (e = E); llama-bench feeds the model random token ids,
+which its router sends to fewer experts than real text: uniformly over a share ρ of them,
+e = max(K, ρ·E) (`PassRow.routed_over`, one ρ per engine, `engine_builtins.BENCH_ROUTED_SHARE`;
+at m = 1 every share gives U = K).
 A kernel benchmark's row (scope `op`) is one MoE layer's t_f(n)(n). Every term is linear in one
 coefficient (1/BW, 1/F, a fixed time), so the rows' columns (`columns`) make a least-squares design.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +42,11 @@ KV_BYTES_PER_ELEMENT = 2.0  # llama.cpp's default f16 KV cache
 EXPERT_TERMS = ("bytes", "fixed", "compute", "tile", "per_expert", "per_slot")
 
 
-def uniform_features(n_tokens: float, experts: int, top_k: int) -> RoutingFeatures:
-    """Expected features of n tokens under uniform routing (max tokens per expert: the mean S/U)."""
-    distinct = float(uniform_distinct_experts(n_tokens, experts, top_k))
+def uniform_features(n_tokens: float, experts: int, top_k: int, share: float = 1.0) -> RoutingFeatures:
+    """Expected features of n tokens routed uniformly over e = max(K, share·E) of the E experts:
+    U = e·(1 − (1 − K/e)^n) (max tokens per expert: the mean S/U)."""
+    routed = experts if share >= 1.0 else max(float(top_k), share * experts)
+    distinct = float(uniform_distinct_experts(n_tokens, routed, top_k))
     slots = float(n_tokens * top_k)
     return RoutingFeatures(np.float64(n_tokens), np.float64(slots), np.float64(distinct), np.float64(max(1.0, slots / distinct)))
 
@@ -68,6 +75,13 @@ class PassRow:
     variant: str = ""
     era: str = ""
     test: str = ""
+    routed_share: float = 1.0  # the share of the experts the row's tokens route to (module docstring)
+
+    def routed_over(self, share: float) -> PassRow:
+        """The row with a benchmark's routed share where its tokens are random ids: the whole passes of
+        one sequence (llama-bench's); a kernel benchmark routes over every expert, and llama-batched-bench
+        decodes one token id in every sequence (a routing this share does not describe)."""
+        return dataclasses.replace(self, routed_share=share) if self.scope == "pass" and self.sequences == 1 else self
 
     def layer_runs(self) -> list[tuple[int, float]]:
         """(tokens, count) of the MoE layer evaluations of one pass."""
@@ -108,7 +122,7 @@ def expert_columns(row: PassRow, structures: dict[str, ExpertStructure]) -> dict
         family = row.family_at(tokens)
         if family not in structures:
             raise InputError(f"row {row.source_row}: the dispatch names '{family}', which the engine does not run")
-        x = ExpertInputs.of(uniform_features(tokens, row.experts, row.top_k), row.shape)
+        x = ExpertInputs.of(uniform_features(tokens, row.experts, row.top_k, row.routed_share), row.shape)
         terms, _ = base_columns(x, structures[family], 0.0)
         values = {
             "bytes": terms["hbm"] + terms["cache"],
@@ -145,7 +159,7 @@ def predict_us(row: PassRow, profile: HardwareProfile) -> float:
     total = 0.0
     for tokens, count in row.layer_runs():
         family = profile.expert_family(run_family(row, tokens, profile.expert_families))
-        total += count * float(family.time_us(uniform_features(tokens, row.experts, row.top_k), row.shape))
+        total += count * float(family.time_us(uniform_features(tokens, row.experts, row.top_k, row.routed_share), row.shape))
     if row.scope == "op":
         return total
     weight_bytes, flops, attention = row.dense_work()
@@ -153,9 +167,10 @@ def predict_us(row: PassRow, profile: HardwareProfile) -> float:
     return total + float(dense.time_us(weight_bytes, flops, 0.0)) + float(dense.attention_us(attention)) + profile.pass_fixed_us
 
 
-def pass_rows(frame: pl.DataFrame, dispatches: list[Dispatch], eras: list[str] | None = None) -> list[PassRow]:
+def pass_rows(frame: pl.DataFrame, dispatches: list[Dispatch], eras: list[str] | None = None, share: float = 1.0) -> list[PassRow]:
     """The rows of a measurement table of one device (importers' columns), each with its build's
-    dispatch and build era (fixed times are fitted per era: kernel overheads change between builds)."""
+    dispatch and build era (fixed times are fitted per era: kernel overheads change between builds),
+    and the benchmark's routed share (`PassRow.routed_over`)."""
     rows = []
     for i, (record, dispatch) in enumerate(zip(frame.iter_rows(named=True), dispatches, strict=True)):
         scope = record.get("scope") or "op"
@@ -183,6 +198,6 @@ def pass_rows(frame: pl.DataFrame, dispatches: list[Dispatch], eras: list[str] |
                 variant=str(record.get("variant") or ""),
                 era=eras[i] if eras else "",
                 test=str(record.get("test") or ""),
-            )
+            ).routed_over(share)
         )
     return rows

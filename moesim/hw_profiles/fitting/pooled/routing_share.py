@@ -1,0 +1,44 @@
+"""Which share of the experts a whole-pass benchmark's tokens route to, per engine (`whole_pass`).
+
+llama-bench feeds the model random token ids, and a router sends those to fewer experts than real
+text (the issue-25 second pass: the RTX 3090's Granite F16 times grow by 60 % of what uniform
+routing over every expert at the peak bandwidth allows). moesim prices a benchmark's pass with its
+tokens routed uniformly over a share ρ of the experts; ρ is one number per engine, the candidate of
+`ROUTED_SHARES` whose fits judge best on rows they never saw: each device of the engine fitted
+with every whole pass at ρ, the median absolute held-out error over all the engine's rows (leave
+one model out on a device with two or more models, else leave one pass size out: `engine_fit`),
+the larger share on a tie. It is chosen once (`engine_builtins.BENCH_ROUTED_SHARE` holds the
+choice, bench/validate_engine_transfer.py prints it against the stored one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesim.hw_profiles.engines import ENGINES
+from moesim.hw_profiles.fitting.engine_builtins import Recipe, profile_frame, recipe_rows
+from moesim.hw_profiles.fitting.engine_fit import fit_engine
+from moesim.hw_profiles.fitting.engine_validation import Judged, ratio_errors
+
+ROUTED_SHARES = (1.0, 0.7, 0.5, 0.4)
+
+
+def heldout_error(items: list[Recipe], share: float) -> float:
+    """Median |held-out error| over the recipes' rows and their series' T(n)/T(n0), every whole pass
+    routed over the share of the experts."""
+    errors = []
+    for item in items:
+        rows = [r.routed_over(share) for r in recipe_rows(item)]
+        fit = fit_engine(rows, ENGINES.create(item.engine), profile_frame(item))
+        judged = Judged(item.name, fit.split, "same device", rows, fit.heldout_us)
+        errors += [judged.errors(), ratio_errors(judged)]
+    values = np.abs(np.concatenate(errors))
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if values.size else float("nan")
+
+
+def choose_share(items: list[Recipe], shares: tuple[float, ...] = ROUTED_SHARES) -> tuple[float, dict[float, float]]:
+    """The share with the least held-out error (the larger on a tie), and each candidate's error."""
+    errors = {share: heldout_error(items, share) for share in shares}
+    judged = [s for s in shares if np.isfinite(errors[s])]
+    return (min(judged, key=lambda s: (errors[s], -s)) if judged else 1.0), errors

@@ -315,14 +315,9 @@ def batch_command(
 ) -> None:
     """Speedup and MoESD target efficiency T(B,1)/T(B,k+1) vs batch size."""
     from moesim.sim.analysis.batch import batch_analysis
-    from moesim.sim.analysis.scenario import uniform_twin
-    from moesim.sim.cost.pass_features import fitting_lanes
 
     sizes = parse_batch_sizes(batch)
     scenario = _scenario(trace, profile, family, model, drafter, weight_format, context_tokens, options)
-    routed = uniform_twin(scenario.trace, scenario.model.preset, batch=max(sizes)) if routing == "uniform" else scenario.trace
-    for size in sizes:  # each batch size fits the trace before anything is laid out per request (an array of B)
-        fitting_lanes(routed, size, 1)
     result = batch_analysis(scenario, alpha, draft_len, sizes, moesd_slots, routing)
     if emit_json(result, as_json):
         return

@@ -2,14 +2,16 @@
 in the splits of docs/validation.md (it prints the tables of its section "Engine profiles that
 transfer").
 
-    .venv/bin/python bench/validate_engine_transfer.py        # ≈ 3 min
+    .venv/bin/python bench/validate_engine_transfer.py        # ≈ 2 min on a loaded 2-core machine
 
 Leave one model out on every device with two or more models; leave one device out within each
 engine between like devices (same vendor, same generation or one apart): the fit of one
 device scaled by datasheet, and the pooled fit of the engine over the like devices (and over all
 other devices); unlike pairs with their error and the transfer uncertainty a profile scaled
 between them states (`pool_validation.pair_bounds`). Errors: absolute relative errors of the
-time per pass and of T(n)/T(n0) within a series, median / p90 in %.
+time per pass and of T(n)/T(n0) within a series, median / p90 in %. The stored routed share was
+chosen on every row (`choose_share`); each split is also judged nested (`Nested`): the share chosen
+by the same criterion without the rows it judges, the honest held-out figure.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moesim.hw_profiles.fitting.bench_fit import fit_bench_output, predicted_rows
-from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, PUBLIC_TABLE, fit_recipe
+from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, PUBLIC_TABLE, Recipe, fit_recipe, recipe_rows
 from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
 from moesim.hw_profiles.fitting.engine_validation import leave_one_model_out as own_lomo
@@ -36,7 +38,8 @@ from moesim.hw_profiles.fitting.pooled.pool_validation import (
     pair_kind,
     stated_transfer,
 )
-from moesim.hw_profiles.fitting.pooled.routing_share import choose_share
+from moesim.hw_profiles.fitting.pooled.routing_share import ROUTED_SHARES, fit_errors, least_error, median_error, share_fit
+from moesim.hw_profiles.fitting.whole_pass import PassRow
 from moesim.hw_profiles.importers import ImportOptions, import_table
 
 SERIES = {
@@ -68,6 +71,53 @@ def _medians(found: list[Judged]) -> str:
     return f"time per pass {_pct(errors)}, T(n)/T(n0) {_pct(ratios)}"
 
 
+class Nested:
+    """The routed share chosen as `choose_share` does, on an engine's rows without the ones a split
+    judges, then those rows predicted at it (the splits' honest figures: the stored share was chosen
+    on every row)."""
+
+    def __init__(self, items: list[Recipe]) -> None:
+        self.items = items
+        self.rows = {item.name: recipe_rows(item) for item in items}
+        self.fits = {(item.name, share): share_fit(item, share, self.rows[item.name]) for item in items for share in ROUTED_SHARES}
+        self.errors = {key: fit_errors(item, fit) for item in items for key, fit in self.fits.items() if key[0] == item.name}
+
+    def criterion(self, skip: str = "", kept: dict[str, list[PassRow]] | None = None) -> dict[float, float]:
+        """`choose_share`'s held-out error per share over the engine's recipes but `skip`, those of `kept` fitted on the rows given."""
+        kept = kept or {}
+        errors = {}
+        for share in ROUTED_SHARES:
+            found = [
+                fit_errors(item, share_fit(item, share, kept[item.name])) if item.name in kept else self.errors[item.name, share]
+                for item in self.items
+                if item.name != skip
+            ]
+            errors[share] = median_error(found)
+        return errors
+
+    def leave_one_model_out(self, item: Recipe) -> tuple[Judged, dict[str, float]]:
+        """The device's rows, each model's predicted by the fit without it at the share chosen without it."""
+        rows = self.rows[item.name]
+        predicted, chosen = np.full(len(rows), np.nan), {}
+        for model in dict.fromkeys(r.model for r in rows):
+            chosen[model] = least_error(self.criterion(kept={item.name: [r for r in rows if r.model != model]}))
+            held = np.array([r.model == model for r in rows])
+            predicted[held] = self.fits[item.name, chosen[model]].heldout_us[held]
+        routed = [r.routed_over(chosen[r.model]) for r in rows]
+        return Judged(item.name, "leave one model out", "same device, other models", routed, predicted), chosen
+
+    def leave_one_device_out(self, target: Recipe, source: Recipe) -> tuple[Judged, float]:
+        """The target predicted by the source scaled, at the share chosen without the target's rows."""
+        share = least_error(self.criterion(skip=target.name))
+        rows = [r.routed_over(share) for r in self.rows[target.name]]
+        return scaled_out(target, source, self.fits[source.name, share], rows), share
+
+    def without_rows(self, numbers: set[int]) -> float:
+        """The share chosen on the engine's rows but those of the public table's numbers."""
+        kept = {name: [r for r in rows if r.source_row not in numbers] for name, rows in self.rows.items()}
+        return least_error(self.criterion(kept={name: rows for name, rows in kept.items() if len(rows) < len(self.rows[name])}))
+
+
 def main() -> None:
     started = time.perf_counter()
     recipes = all_recipes()
@@ -76,14 +126,17 @@ def main() -> None:
     parts = {engine: engine_parts(engine, eras=ERAS) for engine in engines}
     by_name = {p.recipe.name: p for ps in parts.values() for p in ps}
 
-    print("#### The routed share of llama-bench's tokens per engine (`routing_share.choose_share`)\n")
+    print("#### The routed share of llama-bench's tokens per engine (`routing_share.choose_share`'s criterion)\n")
     print("| engine | held-out error per share: median % | chosen | stored |")
     print("|---|---|---|---|")
+    nested = {}
     for engine in engines:
         items = [item for item in recipes if item.engine == engine]
-        if not any(r.scope == "pass" and r.sequences == 1 for item in items for r in fit_recipe(item).rows):
+        if not any(r.scope == "pass" and r.sequences == 1 for item in items for r in fits[item.name].rows):
             continue
-        chosen, errors = choose_share(items)
+        nested[engine] = Nested(items)
+        errors = nested[engine].criterion()
+        chosen = least_error(errors)
         cells = ", ".join(f"{share:g}: {100 * error:.1f}" for share, error in errors.items())
         print(f"| {engine} | {cells} | {chosen:g} | {BENCH_ROUTED_SHARE.get(engine, 1.0):g} |")
 
@@ -93,7 +146,7 @@ def main() -> None:
         "| pooled: T(n)/T(n0) % |"
     )
     print("|---|---|---|---|---|---|---|")
-    today_all, pooled_all = [], []
+    today_all, pooled_all, nested_all, chosen_lomo = [], [], [], []
     for item in recipes:
         today = own_lomo(fits[item.name], item.name)
         if today is None:
@@ -103,12 +156,22 @@ def main() -> None:
         if pooled is not None:
             pooled_all.append(pooled)
         print(f"| {item.name} | {_cells(today)} | {_cells(pooled)} |")
+        if item.engine in nested:
+            judged, chosen = nested[item.engine].leave_one_model_out(item)
+            chosen_lomo.append(f"{item.name} {_cells(judged)} ({', '.join(f'{m} {c:g}' for m, c in chosen.items())})")
+            nested_all.append(judged)
+        else:
+            nested_all.append(today)
     print(f"\nAll devices: per device {_medians(today_all)}; pooled {_medians(pooled_all)}.")
+    print("\nNested (the share chosen without the held-out model's rows; rows | time | T, the share per held-out model):")
+    for line in chosen_lomo:
+        print(f"- {line}")
+    print(f"\nAll devices, per device, nested share: {_medians(nested_all)} (stored share: {_medians(today_all)}).")
 
     print("\n#### Leave one device out between like devices\n")
     print("| target | from | rows | time per pass: median / p90 % | T(n)/T(n0): median / p90 % |")
     print("|---|---|---|---|---|")
-    today_like, pooled_like = [], []
+    today_like, pooled_like, nested_like = [], [], []
     for engine in engines:
         for target in parts[engine]:
             alike = [p for p in parts[engine] if p is not target and like(p.spec, target.spec)]
@@ -118,6 +181,12 @@ def main() -> None:
                 judged = scaled_out(target.recipe, source.recipe, fits[source.recipe.name])
                 today_like.append(judged)
                 print(f"| {target.recipe.name} | per device: {source.recipe.name} scaled | {_cells(judged)} |")
+                if engine in nested:
+                    honest, share = nested[engine].leave_one_device_out(target.recipe, source.recipe)
+                    nested_like.append(honest)
+                    print(f"| {target.recipe.name} | per device: {source.recipe.name} scaled, nested share {share:g} | {_cells(honest)} |")
+                else:
+                    nested_like.append(judged)
             pooled = leave_one_device_out(alike, target, "like")
             if pooled is not None:
                 pooled_like.append(pooled)
@@ -127,6 +196,7 @@ def main() -> None:
                 every = leave_one_device_out(others, target, "all")
                 print(f"| {target.recipe.name} | pooled: all {len(others)} other devices | {_cells(every)} |")
     print(f"\nLike pairs: per device {_medians(today_like)}; pooled {_medians(pooled_like)}.")
+    print(f"Like pairs, per device, nested share: {_medians(nested_like)}.")
 
     bounds = pair_bounds(fits)
     print("\n#### Unlike pairs: error and the stated transfer uncertainty\n")
@@ -161,9 +231,13 @@ def main() -> None:
     print("|---|---|---|---|")
     for (engine, kind), bound in sorted(bounds.items()):
         print(f"| {engine} | {kind} devices | {bound.pairs} | {100 * bound.bound:.0f} |")
+    halves: list[tuple[float, float]] = []
     print("\n#### A user's run: half the sizes of a shared series fitted, the other half predicted\n")
-    print("| series (rows) | fitted sizes | predicted sizes | per-slot limit (source's) | median / max |error| % |")
-    print("|---|---|---|---|---|")
+    print(
+        "| series (rows) | fitted sizes | predicted sizes | per-slot limit (source's) | median / max |error| % "
+        "| nested share: share, median / max |error| % |"
+    )
+    print("|---|---|---|---|---|---|")
     for label, series in SERIES.items():
         for first in (0, 1):
             result = fit_bench_output(PUBLIC_TABLE, "mine", ImportOptions(rows=series[first::2]))
@@ -172,7 +246,17 @@ def main() -> None:
             fitted = ",".join(str(r.n_tokens) for r in result.fit.rows)
             sizes = ",".join(str(n) for n in held["n_tokens"].to_list())
             limits = f"{result.learned_limit} ({result.source_limit})"
-            print(f"| {label} | {fitted} | {sizes} | {limits} | {np.median(errors):.1f} / {np.max(errors):.1f} |")
+            engine = result.fit.profile.device.engine
+            share = nested[engine].without_rows(set(series[1 - first :: 2])) if engine in nested else 1.0
+            honest = fit_bench_output(PUBLIC_TABLE, "mine", ImportOptions(rows=series[first::2]), share=share)
+            held_errors = np.abs(predicted_rows(held, honest.fit.profile)["error_%"].drop_nulls().to_numpy())
+            halves.append((np.median(errors), np.median(held_errors)))
+            print(
+                f"| {label} | {fitted} | {sizes} | {limits} | {np.median(errors):.1f} / {np.max(errors):.1f} "
+                f"| {share:g}, {np.median(held_errors):.1f} / {np.max(held_errors):.1f} |"
+            )
+    within = [sum(1 for h in halves if h[i] <= 5.0) for i in (0, 1)]
+    print(f"\nHalves within 5 %: stored share {within[0]} of {len(halves)}, nested share {within[1]} of {len(halves)}.")
     print(f"\n(all of the above in {time.perf_counter() - started:.1f} s)")
 
 

@@ -143,9 +143,10 @@ def _loss(rows: list[PassRow], engine: Engine, roofline: Roofline, frame: Profil
 
 
 def choose_limit(
-    frame: pl.DataFrame, engine: Engine, profile_frame: ProfileFrame, weight_format: str, build: str, architecture: str
+    frame: pl.DataFrame, engine: Engine, profile_frame: ProfileFrame, weight_format: str, build: str, architecture: str, share: float
 ) -> LimitChoice:
-    """The per-slot limit: the source's unless the run's rows clearly say otherwise (module docstring)."""
+    """The per-slot limit: the source's unless the run's rows clearly say otherwise (module docstring);
+    whole passes routed over the share of the experts."""
     source_limit = _per_slot_limit(profile_frame.dispatch, weight_format)
     if source_limit is None:
         return LimitChoice(None, None)
@@ -153,7 +154,7 @@ def choose_limit(
 
     def rows_at(limit: int) -> list[PassRow]:
         dispatch = with_limit(profile_frame.dispatch, weight_format, limit)
-        return pass_rows(frame, [dispatch] * frame.height, [build] * frame.height, BENCH_ROUTED_SHARE.get(engine.name, 1.0))
+        return pass_rows(frame, [dispatch] * frame.height, [build] * frame.height, share)
 
     cliffs = [
         (s.sizes[s.sizes.index(s.measured) - 1], s.measured)
@@ -184,8 +185,10 @@ def fit_bench_output(
     options: ImportOptions,
     table_format: str | None = None,
     engine_name: str | None = None,
+    share: float | None = None,
 ) -> BenchFit:
-    """A profile of the device and build a benchmark output measured, with held-out errors."""
+    """A profile of the device and build a benchmark output measured, with held-out errors; its
+    whole passes routed over the share of the experts (default: the engine's, `BENCH_ROUTED_SHARE`)."""
     options, variant_note = choose_variant(path, table_format, options)
     fmt_name, frame = import_table(path, table_format, options)
     if (frame["scope"] != "pass").any() and engine_name is None and frame["engine"][0].startswith("vLLM"):
@@ -227,10 +230,11 @@ def fit_bench_output(
         era=build,
         status="calibrated",
     )
-    choice = choose_limit(frame, engine, frame_, weight_format, build, architecture)
+    share = BENCH_ROUTED_SHARE.get(engine.name, 1.0) if share is None else share
+    choice = choose_limit(frame, engine, frame_, weight_format, build, architecture, share)
     if choice.limit is not None and choice.limit != choice.source_limit:
         frame_ = dataclasses.replace(frame_, dispatch=with_limit(source_dispatch, weight_format, choice.limit))
-    rows = pass_rows(frame, [frame_.dispatch] * frame.height, [build] * frame.height, BENCH_ROUTED_SHARE.get(engine.name, 1.0))
+    rows = pass_rows(frame, [frame_.dispatch] * frame.height, [build] * frame.height, share)
     fit = fit_engine(rows, engine, frame_)
     fit.profile = used_sources(fit.profile)
     return BenchFit(fit, fmt_name, choice, (variant_note,) if variant_note else ())

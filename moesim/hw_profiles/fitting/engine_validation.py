@@ -98,13 +98,13 @@ def leave_one_model_out(fit: EngineFit, name: str) -> Judged | None:
     return Judged(name, "leave one model out", "same device, other models", fit.rows, fit.heldout_us)
 
 
-def leave_one_device_out(target: Recipe, source: Recipe, source_fit: EngineFit) -> Judged:
-    """The target's rows predicted by the source device's fit scaled to the target's datasheet
-    (same engine), each row with its own build's dispatch (NaN where that build runs a family the
-    source never ran)."""
+def leave_one_device_out(target: Recipe, source: Recipe, source_fit: EngineFit, rows: list[PassRow] | None = None) -> Judged:
+    """The target's rows (or those given) predicted by the source device's fit scaled to the
+    target's datasheet (same engine), each row with its own build's dispatch (NaN where that build
+    runs a family the source never ran)."""
     specs = catalog()
     scaled = scaled_engine_profile(source_fit.profile, specs[target.device], specs[source.device], target.name, source_fit.profile.dispatch)
-    rows = recipe_rows(target)
+    rows = recipe_rows(target) if rows is None else rows
     predicted = np.array([predict_us(row, scaled) if predicts(row, scaled) else np.nan for row in rows])
     return Judged(target.name, "leave one device out", source.name, rows, predicted)
 

@@ -17,28 +17,45 @@ import numpy as np
 
 from moesim.hw_profiles.engines import ENGINES
 from moesim.hw_profiles.fitting.engine_builtins import Recipe, profile_frame, recipe_rows
-from moesim.hw_profiles.fitting.engine_fit import fit_engine
+from moesim.hw_profiles.fitting.engine_fit import EngineFit, fit_engine
 from moesim.hw_profiles.fitting.engine_validation import Judged, ratio_errors
+from moesim.hw_profiles.fitting.whole_pass import PassRow
 
 ROUTED_SHARES = (1.0, 0.7, 0.5, 0.4)
+
+
+def share_fit(item: Recipe, share: float, rows: list[PassRow] | None = None) -> EngineFit:
+    """The recipe's fit on its rows (or on those given), every whole pass routed over the share of the experts."""
+    rows = [r.routed_over(share) for r in (recipe_rows(item) if rows is None else rows)]
+    return fit_engine(rows, ENGINES.create(item.engine), profile_frame(item))
+
+
+def fit_errors(item: Recipe, fit: EngineFit) -> np.ndarray:
+    """The fit's held-out errors of the time per pass, then of its series' T(n)/T(n0)."""
+    judged = Judged(item.name, fit.split, "same device", fit.rows, fit.heldout_us)
+    return np.concatenate([judged.errors(), ratio_errors(judged)])
+
+
+def median_error(errors: list[np.ndarray]) -> float:
+    """Median |error| over the finite values of the arrays (NaN if none)."""
+    values = np.abs(np.concatenate(errors)) if errors else np.array([])
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if values.size else float("nan")
 
 
 def heldout_error(items: list[Recipe], share: float) -> float:
     """Median |held-out error| over the recipes' rows and their series' T(n)/T(n0), every whole pass
     routed over the share of the experts."""
-    errors = []
-    for item in items:
-        rows = [r.routed_over(share) for r in recipe_rows(item)]
-        fit = fit_engine(rows, ENGINES.create(item.engine), profile_frame(item))
-        judged = Judged(item.name, fit.split, "same device", rows, fit.heldout_us)
-        errors += [judged.errors(), ratio_errors(judged)]
-    values = np.abs(np.concatenate(errors))
-    values = values[np.isfinite(values)]
-    return float(np.median(values)) if values.size else float("nan")
+    return median_error([fit_errors(item, share_fit(item, share)) for item in items])
+
+
+def least_error(errors: dict[float, float]) -> float:
+    """The share of the least finite error, the larger on a tie (1 if none is finite)."""
+    judged = [s for s in errors if np.isfinite(errors[s])]
+    return min(judged, key=lambda s: (errors[s], -s)) if judged else 1.0
 
 
 def choose_share(items: list[Recipe], shares: tuple[float, ...] = ROUTED_SHARES) -> tuple[float, dict[float, float]]:
     """The share with the least held-out error (the larger on a tie), and each candidate's error."""
     errors = {share: heldout_error(items, share) for share in shares}
-    judged = [s for s in shares if np.isfinite(errors[s])]
-    return (min(judged, key=lambda s: (errors[s], -s)) if judged else 1.0), errors
+    return least_error(errors), errors

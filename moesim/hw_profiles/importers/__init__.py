@@ -237,10 +237,8 @@ def parse_rows(text: str) -> tuple[int, ...]:
 
 def detect_format(path: Path, text: str) -> str:
     """The registered format whose `sniff` recognises the text; one line when none does."""
-    for name in TABLE_FORMATS:
-        if TABLE_FORMATS.create(name).sniff(text):
-            return name
-    raise InputError(f"{path}: unknown table layout: not one of {', '.join(TABLE_FORMATS.names())} (give --table-format)")
+    known = ", ".join(TABLE_FORMATS.names())
+    return TABLE_FORMATS.first(lambda fmt: fmt.sniff(text), f"{path}: unknown table layout: not one of {known} (give --table-format)")
 
 
 def read_text(path: Path) -> str:

@@ -11,7 +11,7 @@ name that is not there fails with the same one-line message:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from moesim.errors import ConfigError, MoesimError
@@ -55,6 +55,14 @@ class Registry(Generic[T]):
             return self._classes[name]
         except KeyError:
             raise self.error(self.unknown(name)) from None
+
+    def first(self, test: Callable[[T], bool], refusal: str) -> str:
+        """The first name (in registration order) whose default instance passes `test`; `refusal` as the
+        registry's error when none does."""
+        for name in self._classes:
+            if test(self.create(name)):
+                return name
+        raise self.error(refusal)
 
     def create(self, name: str, **params: Any) -> T:
         """An instance of the class registered as `name`; a parameter it has no field for is one line."""

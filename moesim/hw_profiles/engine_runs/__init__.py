@@ -219,10 +219,8 @@ def read_text(path: Path) -> str:
 
 def detect_format(path: Path, text: str) -> str:
     """The registered format whose `sniff` recognises the text; one line when none does."""
-    for name in ENGINE_OUTPUTS:
-        if ENGINE_OUTPUTS.create(name).sniff(text):
-            return name
-    raise InputError(f"{path}: unknown engine output: not one of {', '.join(ENGINE_OUTPUTS.names())} (give --run-format)")
+    known = ", ".join(ENGINE_OUTPUTS.names())
+    return ENGINE_OUTPUTS.first(lambda fmt: fmt.sniff(text), f"{path}: unknown engine output: not one of {known} (give --run-format)")
 
 
 def read_outputs(arguments: Sequence[str], context: RunContext | None = None, fmt: str | None = None) -> EngineRows:

@@ -41,7 +41,7 @@ from moesim.hw_profiles.dispatch import Dispatch
 from moesim.hw_profiles.engines import Engine
 from moesim.hw_profiles.families import CalibratedRange, DenseFamily, ExpertFamily, ExpertInputs, Roofline
 from moesim.hw_profiles.fitting.family_fit import solve_relative
-from moesim.hw_profiles.fitting.whole_pass import PassRow, expert_columns, predict_us, predicts, uniform_features
+from moesim.hw_profiles.fitting.whole_pass import PassRow, expert_columns, predicted_by_era, uniform_features
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError, relative_errors
 from moesim.hw_profiles.profile import DeviceFacts, HardwareProfile
 from moesim.hw_profiles.provenance import Provenance
@@ -459,15 +459,7 @@ def _groups(rows: list[PassRow]) -> tuple[str, np.ndarray | None]:
 def predict_rows(rows: list[PassRow], train: list[PassRow], engine: Engine, fitted: Coefficients, frame: ProfileFrame) -> np.ndarray:
     """Each row predicted by the fitted profile of its build era (NaN where a family it needs never
     ran in the training rows)."""
-    profiles: dict[str, HardwareProfile] = {}
-    predicted = np.full(len(rows), np.nan)
-    for i, row in enumerate(rows):
-        if row.era not in profiles:
-            profiles[row.era] = profile_of(train, engine, fitted, dataclasses.replace(frame, era=row.era), {})
-        profile = profiles[row.era]
-        if predicts(row, profile):
-            predicted[i] = predict_us(row, profile)
-    return predicted
+    return predicted_by_era(rows, lambda era: profile_of(train, engine, fitted, dataclasses.replace(frame, era=era), {}))
 
 
 def heldout_predictions(rows: list[PassRow], engine: Engine, frame: ProfileFrame, groups: np.ndarray) -> np.ndarray:

@@ -136,16 +136,25 @@ def solve_relative(
     scaled = relative / scale
     target = 1.0 - (np.zeros(len(measured_us)) if offset_us is None else offset_us / measured_us)
     base = np.ones(len(measured_us)) if row_weights is None else np.sqrt(np.asarray(row_weights, np.float64))
-    weights = np.ones(len(measured_us))
-    theta = np.zeros(design.shape[1])
+
+    def weighted(weights: np.ndarray) -> np.ndarray:
+        return nnls(scaled * (base * weights)[:, None], target * base * weights, maxiter=50 * design.shape[1])[0]
+
+    return huber_irls(weighted, scaled, target, delta) / scale
+
+
+def huber_irls(solve: Callable[[np.ndarray], np.ndarray], design: np.ndarray, target: np.ndarray, delta: float) -> np.ndarray:
+    """θ minimising Σ Huber_δ(design·θ − target) by IRLS: θ = `solve(w)` (the fit weighted by w per row),
+    w = √min(1, δ/|r|) of its residuals r, until w moves by under 1e-9 (100 rounds at most)."""
+    weights = np.ones(len(target))
     for _ in range(100):
-        theta, _ = nnls(scaled * (base * weights)[:, None], target * base * weights, maxiter=50 * design.shape[1])
-        residual = scaled @ theta - target
+        theta = solve(weights)
+        residual = design @ theta - target
         new_weights = np.sqrt(np.minimum(1.0, delta / np.maximum(np.abs(residual), 1e-12)))
         if np.max(np.abs(new_weights - weights)) < 1e-9:
             break
         weights = new_weights
-    return theta / scale
+    return theta
 
 
 def _huber(residual: np.ndarray, delta: float) -> np.ndarray:

@@ -37,7 +37,15 @@ import polars as pl
 
 from moesim.errors import InputError
 from moesim.hw_profiles.families import ExpertFamily, ExpertInputs
-from moesim.hw_profiles.fitting.family_fit import HUBER_DELTA, SIMPLER_WITHIN, FamilyFit, family_from_terms, predict_terms, refit_weighted
+from moesim.hw_profiles.fitting.family_fit import (
+    HUBER_DELTA,
+    SIMPLER_WITHIN,
+    FamilyFit,
+    family_from_terms,
+    huber_irls,
+    predict_terms,
+    refit_weighted,
+)
 from moesim.hw_profiles.heldout import ErrorStats, HeldoutError
 from moesim.hw_profiles.ladder.grid import CalibrationGrid, merged_knots, shape_label
 from moesim.hw_profiles.ladder.interpolate import barycentric
@@ -240,15 +248,7 @@ def _fit_terms(kind: str, layers_us: np.ndarray, layers: np.ndarray, measured: n
     offset = np.zeros_like(measured) if "a" in kind else layers_us
     design = np.column_stack(columns) / measured[:, None]
     target = 1.0 - offset / measured
-    weights = np.ones_like(measured)
-    theta = np.zeros(design.shape[1])
-    for _ in range(100):
-        theta = np.linalg.lstsq(design * weights[:, None], target * weights, rcond=None)[0]
-        residual = design @ theta - target
-        new = np.sqrt(np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(residual), 1e-12)))
-        if np.max(np.abs(new - weights)) < 1e-9:
-            break
-        weights = new
+    theta = huber_irls(lambda w: np.linalg.lstsq(design * w[:, None], target * w, rcond=None)[0], design, target, HUBER_DELTA)
     a = float(theta[0]) if "a" in kind else 1.0
     b = float(theta[-1]) if "b" in kind else 0.0
     return a, b

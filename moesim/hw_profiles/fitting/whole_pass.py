@@ -26,6 +26,7 @@ coefficient (1/BW, 1/F, a fixed time), so the rows' columns (`columns`) make a l
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,6 +166,19 @@ def predict_us(row: PassRow, profile: HardwareProfile) -> float:
     weight_bytes, flops, attention = row.dense_work()
     dense = profile.dense
     return total + float(dense.time_us(weight_bytes, flops, 0.0)) + float(dense.attention_us(attention)) + profile.pass_fixed_us
+
+
+def predicted_by_era(rows: Sequence[PassRow], profile_at: Callable[[str], HardwareProfile]) -> np.ndarray:
+    """Each row's `predict_us` by its era's profile (`profile_at(era)`, built once an era); NaN where
+    that profile lacks the row's family."""
+    profiles: dict[str, HardwareProfile] = {}
+    predicted = np.full(len(rows), np.nan)
+    for i, row in enumerate(rows):
+        if row.era not in profiles:
+            profiles[row.era] = profile_at(row.era)
+        if predicts(row, profiles[row.era]):
+            predicted[i] = predict_us(row, profiles[row.era])
+    return predicted
 
 
 def pass_rows(frame: pl.DataFrame, dispatches: list[Dispatch], eras: list[str] | None = None, share: float = 1.0) -> list[PassRow]:

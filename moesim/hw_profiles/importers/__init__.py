@@ -115,6 +115,9 @@ class LlamaBenchCsv(Importer):
         return [m for t in tests if (m := measured_of(t, str(path), options.model, options.weight_format)) is not None]
 
 
+_JSON_OPENERS = {"json": "[", "jsonl": "{"}  # an array of records; one record a line
+
+
 @TABLE_FORMATS.register
 class LlamaBenchJson(LlamaBenchCsv):
     """llama-bench -o json."""
@@ -123,20 +126,16 @@ class LlamaBenchJson(LlamaBenchCsv):
     kind = "json"
 
     def sniff(self, text: str) -> bool:
-        """Whether the text is this format."""
-        return text.lstrip().startswith("[") and '"build_commit"' in text
+        """Whether the text is this format: its kind's opener, and records with a build commit."""
+        return text.lstrip().startswith(_JSON_OPENERS[self.kind]) and '"build_commit"' in text
 
 
 @TABLE_FORMATS.register
-class LlamaBenchJsonl(LlamaBenchCsv):
+class LlamaBenchJsonl(LlamaBenchJson):
     """llama-bench -o jsonl."""
 
     name = "llama-bench-jsonl"
     kind = "jsonl"
-
-    def sniff(self, text: str) -> bool:
-        """Whether the text is this format."""
-        return text.lstrip().startswith("{") and '"build_commit"' in text
 
 
 @TABLE_FORMATS.register
@@ -238,10 +237,8 @@ def parse_rows(text: str) -> tuple[int, ...]:
 
 def detect_format(path: Path, text: str) -> str:
     """The registered format whose `sniff` recognises the text; one line when none does."""
-    for name in TABLE_FORMATS:
-        if TABLE_FORMATS.create(name).sniff(text):
-            return name
-    raise InputError(f"{path}: unknown table layout: not one of {', '.join(TABLE_FORMATS.names())} (give --table-format)")
+    known = ", ".join(TABLE_FORMATS.names())
+    return TABLE_FORMATS.first(lambda fmt: fmt.sniff(text), f"{path}: unknown table layout: not one of {known} (give --table-format)")
 
 
 def read_text(path: Path) -> str:

@@ -38,7 +38,7 @@ from moesim.hw_profiles.catalog import DeviceSpec, catalog
 from moesim.hw_profiles.engines import ENGINES, Engine
 from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE, Recipe, profile_frame, recipe_rows
 from moesim.hw_profiles.fitting.engine_fit import Coefficients, ProfileFrame, fit_coefficients, profile_of, term_kind
-from moesim.hw_profiles.fitting.whole_pass import PassRow, predict_us, predicts
+from moesim.hw_profiles.fitting.whole_pass import PassRow, predicted_by_era
 from moesim.hw_profiles.heldout import HeldoutError
 from moesim.hw_profiles.profile import HardwareProfile
 
@@ -102,14 +102,7 @@ class PooledFit:
 
     def predict(self, part: DeviceRows, rows: list[PassRow] | tuple[PassRow, ...]) -> np.ndarray:
         """Each row on the device predicted by its era's profile (NaN where its family never ran in the pool)."""
-        profiles: dict[str, HardwareProfile] = {}
-        out = np.full(len(rows), np.nan)
-        for i, row in enumerate(rows):
-            if row.era not in profiles:
-                profiles[row.era] = self.profile(part, row.era)
-            if predicts(row, profiles[row.era]):
-                out[i] = predict_us(row, profiles[row.era])
-        return out
+        return predicted_by_era(rows, lambda era: self.profile(part, era))
 
 
 def fit_pool(parts: list[tuple[DeviceRows, list[PassRow]]], rounds: int = ROUNDS) -> PooledFit:

@@ -9,9 +9,9 @@ engine between like devices (same vendor, same generation or one apart): the fit
 device scaled by datasheet, and the pooled fit of the engine over the like devices (and over all
 other devices); unlike pairs with their error and the transfer uncertainty a profile scaled
 between them states (`pool_validation.pair_bounds`). Errors: absolute relative errors of the
-time per pass and of T(n)/T(n0) within a series, median / p90 in %. The stored routed share was
-chosen on every row (`choose_share`); each split is also judged nested (`Nested`): the share chosen
-by the same criterion without the rows it judges, the honest held-out figure.
+time per pass and of T(n)/T(n0) within a series, median / p90 in %. The shipped profiles route
+llama-bench's tokens over every expert (`BENCH_ROUTED_SHARE`, empty); each split is also judged with
+a routed share chosen nested (`Nested`): by `choose_share`'s criterion without the rows it judges.
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ def _medians(found: list[Judged]) -> str:
 
 class Nested:
     """The routed share chosen as `choose_share` does, on an engine's rows without the ones a split
-    judges, then those rows predicted at it (the splits' honest figures: the stored share was chosen
-    on every row)."""
+    judges, then those rows predicted at it (the held-out figure of a chosen share)."""
 
     def __init__(self, items: list[Recipe]) -> None:
         self.items = items
@@ -127,7 +126,7 @@ def main() -> None:
     by_name = {p.recipe.name: p for ps in parts.values() for p in ps}
 
     print("#### The routed share of llama-bench's tokens per engine (`routing_share.choose_share`'s criterion)\n")
-    print("| engine | held-out error per share: median % | chosen | stored |")
+    print("| engine | held-out error per share: median % | chosen on all rows | shipped |")
     print("|---|---|---|---|")
     nested = {}
     for engine in engines:
@@ -166,7 +165,7 @@ def main() -> None:
     print("\nNested (the share chosen without the held-out model's rows; rows | time | T, the share per held-out model):")
     for line in chosen_lomo:
         print(f"- {line}")
-    print(f"\nAll devices, per device, nested share: {_medians(nested_all)} (stored share: {_medians(today_all)}).")
+    print(f"\nAll devices, per device, nested share: {_medians(nested_all)} (shipped: {_medians(today_all)}).")
 
     print("\n#### Leave one device out between like devices\n")
     print("| target | from | rows | time per pass: median / p90 % | T(n)/T(n0): median / p90 % |")
@@ -256,7 +255,7 @@ def main() -> None:
                 f"| {share:g}, {np.median(held_errors):.1f} / {np.max(held_errors):.1f} |"
             )
     within = [sum(1 for h in halves if h[i] <= 5.0) for i in (0, 1)]
-    print(f"\nHalves within 5 %: stored share {within[0]} of {len(halves)}, nested share {within[1]} of {len(halves)}.")
+    print(f"\nHalves within 5 %: shipped {within[0]} of {len(halves)}, nested share {within[1]} of {len(halves)}.")
     print(f"\n(all of the above in {time.perf_counter() - started:.1f} s)")
 
 

@@ -10,7 +10,6 @@ import pytest
 from conftest import REPO, assert_one_line_error
 
 from moesim.hw_profiles.fitting.bench_fit import fit_bench_output
-from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE
 from moesim.hw_profiles.importers import ImportOptions
 from moesim.hw_profiles.schema import read_profile, write_profile
 from moesim.kernels.features import uniform_distinct_experts
@@ -19,11 +18,11 @@ from moesim.models import load_preset
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32)
 
 
-def _synthetic_run(cliff: int, noise: float = 0.0, share: float = BENCH_ROUTED_SHARE["llama.cpp CUDA"]) -> str:
+def _synthetic_run(cliff: int, noise: float = 0.0, share: float = 1.0) -> str:
     """llama-bench markdown of pp512 runs from a plain formula: per pass a fixed 3 ms, the
     non-expert weights at 800 GB/s, and per MoE layer either every slot's expert read at 800 GB/s
     (n <= cliff) or 150 µs + each distinct expert read at 700 GB/s + the slots' FLOPs at 20 TFLOP/s;
-    llama-bench's random tokens routed uniformly over a share of the experts (default: the CUDA engine's)."""
+    llama-bench's random tokens routed uniformly over a share of the experts (default: all)."""
     preset = load_preset("deepseek-v2-lite")
     expert_bytes = 3 * 2048 * 1408 * 18 / 32
     layers, experts, top_k = len(preset.moe_layers), preset.experts, preset.top_k
@@ -66,16 +65,16 @@ def test_fit_learns_the_cliff_and_predicts_held_out_sizes(tmp_path: Path, cliff:
 
 
 def test_fit_at_the_engines_routed_share(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
-    """Tokens routed over the CUDA engine's share, fitted by `profile fit` at the engine's share: the
-    cliff, the share stored, and the seven mat-mat sizes each predicted without it."""
+    """Tokens routed over half the experts, fitted by `profile fit --routed-share 0.5`: the cliff, the
+    share stored and noted, and the seven mat-mat sizes each predicted without it."""
     run = tmp_path / "bench.md"
-    run.write_text(_synthetic_run(4, noise=0.01))
+    run.write_text(_synthetic_run(4, noise=0.01, share=0.5))
     out = tmp_path / "mine.toml"
-    code, stdout, err = cli("profile", "fit", run, "--device", "RTX 3090", "--out", out)
+    code, stdout, err = cli("profile", "fit", run, "--device", "RTX 3090", "--routed-share", "0.5", "--out", out)
     assert code == 0, err
     assert "per-slot kernel up to 4 tokens" in stdout.replace("\n", " ")
     profile = read_profile(out)
-    assert profile.bench_routed_share == BENCH_ROUTED_SHARE["llama.cpp CUDA"] < 1.0
+    assert profile.bench_routed_share == 0.5 and any("over 50% of the experts" in note for note in profile.notes)
     assert profile.dispatch is not None
     assert list(profile.dispatch.family_for("Q4_0", list(SIZES), 64, 6)) == ["per_slot" if n <= 4 else "dedup_mmq" for n in SIZES]
     held = profile.expert_family("dedup_mmq").heldout_error.leave_one_size_out
@@ -96,6 +95,8 @@ def test_bench_fit_errors_are_one_line(tmp_path: Path, cli) -> None:  # type: ig
     assert_one_line_error(code, err, "bench.md", "--device")
     code, _, err = cli("profile", "fit", run, "--device", "Mystery GPU 9000", "--out", tmp_path / "p.toml")
     assert_one_line_error(code, err, "Mystery GPU 9000", "not in the catalog")
+    code, _, err = cli("profile", "fit", run, "--device", "RTX 3090", "--routed-share", "1.5", "--out", tmp_path / "p.toml")
+    assert_one_line_error(code, err, "--routed-share", "1.5")
     assert not (tmp_path / "p.toml").exists()
 
 

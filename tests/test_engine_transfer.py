@@ -13,7 +13,7 @@ from conftest import REPO
 from moesim.hw_profiles.builtin import load_profile
 from moesim.hw_profiles.catalog import catalog
 from moesim.hw_profiles.fitting.bench_fit import fit_bench_output, predicted_rows
-from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, fit_recipe, recipe_rows
+from moesim.hw_profiles.fitting.engine_builtins import fit_recipe, recipe_rows
 from moesim.hw_profiles.fitting.engine_validation import all_recipes
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
 from moesim.hw_profiles.fitting.pooled.data_limits import (
@@ -240,25 +240,24 @@ def test_tokens_routed_over_a_share_of_the_experts_touch_what_sampling_them_touc
     assert float(uniform_features(tokens, experts, top_k, 0.01).distinct_experts) == pytest.approx(top_k)  # never under K experts
 
 
-def test_only_llama_bench_passes_take_the_engines_routed_share() -> None:
-    """A CUDA profile fitted on llama-bench rows states its engine's share; the RX 7900 XTX's rows are
-    llama-batched-bench decodes (one token id in every sequence) and a vLLM profile's kernel benchmarks:
-    both route over every expert."""
+def test_only_llama_bench_passes_take_a_routed_share() -> None:
+    """A share routes a llama-bench pass's tokens; the RX 7900 XTX's rows are llama-batched-bench decodes
+    (one token id in every sequence) and keep every expert. No built-in ships a share (a nested choice
+    predicts held-out rows worse: docs/validation.md), so every profile routes over all."""
     recipes = {item.name: item for item in all_recipes()}
     rows = recipe_rows(recipes["nvidia-rtx-3090-llamacpp"])
-    assert {r.routed_share for r in rows} == {BENCH_ROUTED_SHARE["llama.cpp CUDA"]} and BENCH_ROUTED_SHARE["llama.cpp CUDA"] < 1.0
+    assert {r.routed_share for r in rows} == {1.0}
     assert {r.routed_share for r in recipe_rows(recipes["amd-rx-7900-xtx-vulkan"])} == {1.0}
     batched = next(r for r in recipe_rows(recipes["amd-rx-7900-xtx-vulkan"]) if r.sequences > 1)
     assert batched.routed_over(0.5).routed_share == 1.0 and rows[0].routed_over(0.7).routed_share == 0.7
-    assert load_profile("nvidia-rtx-3090-llamacpp").bench_routed_share == BENCH_ROUTED_SHARE["llama.cpp CUDA"]
-    assert load_profile("nvidia-rtx-4090-llamacpp").bench_routed_share == BENCH_ROUTED_SHARE["llama.cpp CUDA"]  # scaled: the base's
-    assert load_profile("amd-rx-7900-xtx-vulkan").bench_routed_share == load_profile("nvidia-h200-vllm").bench_routed_share == 1.0
+    names = ("nvidia-rtx-3090-llamacpp", "nvidia-rtx-4090-llamacpp", "apple-m3-max-metal", "amd-rx-7900-xtx-vulkan", "nvidia-h200-vllm")
+    assert {load_profile(name).bench_routed_share for name in names} == {1.0}
 
 
-def test_the_stored_share_is_the_held_out_choice_on_the_metal_rows() -> None:
-    """The Metal engine's seven rows (two devices): the stored share is the candidate its held-out
-    error picks (bench/validate_engine_transfer.py checks every engine)."""
+def test_the_share_chosen_on_the_metal_rows_is_the_least_held_out_error() -> None:
+    """The Metal engine's seven rows (two devices): the share chosen on all of them is the candidate of
+    least held-out error, under 1 (the optimistic choice bench/validate_engine_transfer.py reports)."""
     items = [item for item in all_recipes() if item.engine == "llama.cpp Metal"]
     chosen, errors = choose_share(items)
-    assert chosen == BENCH_ROUTED_SHARE["llama.cpp Metal"] and set(errors) == set(ROUTED_SHARES)
+    assert set(errors) == set(ROUTED_SHARES) and errors[chosen] == min(errors.values())
     assert errors[chosen] < errors[1.0]  # the share is learned, not the default

@@ -10,6 +10,7 @@ import typer
 
 from moesim.cli.options import OUT_DIR, OUT_FILE, ForceOpt, config_options
 from moesim.cli.render import console, print_json, render_table
+from moesim.errors import InputError
 from moesim.hw_profiles.engine_runs.rows import RunContext
 
 app = typer.Typer(help="Hardware profiles: fit from measurements, list, show, derive what-if hardware.", no_args_is_help=True)
@@ -45,6 +46,10 @@ def profile_fit(
     passes: Annotated[
         Path | None, typer.Option("--passes", help="Whole-pass table with its traces: pass-level terms and whole-pass bounds.")
     ] = None,
+    routed_share: Annotated[
+        float | None,
+        typer.Option(help="Share of the experts a benchmark's random tokens route to, in (0, 1] (default: the engine's; 1: all)."),
+    ] = None,
 ) -> None:
     """Fit a profile: every kernel family of a measurement table, or the engine a benchmark's output ran; held-out errors; write it."""
     from moesim.atomic import check_writable
@@ -57,7 +62,7 @@ def profile_fit(
         from moesim.hw_profiles.importers import ImportOptions
 
         options = ImportOptions(model, device, weight_format, tuple(filters or ()))
-        result = fit_bench_output(table, name or out.stem, options, table_format, engine)
+        result = fit_bench_output(table, name or out.stem, options, table_format, engine, routed_share)
         profile = result.fit.profile
         for note in result.notes:
             console.print(note, markup=False)
@@ -72,6 +77,8 @@ def profile_fit(
         write_profile(out, profile)
         console.print(f"wrote {out}")
         return
+    if routed_share is not None:
+        raise InputError(f"--routed-share: {table} is a measurement table; the share applies to a benchmark's output")
     from moesim.hw_profiles.fitting.calibrate import fit_profile, parse_tokens_per_read
 
     fixed = parse_tokens_per_read(tokens_per_read or [])

@@ -188,7 +188,7 @@ def fit_bench_output(
     share: float | None = None,
 ) -> BenchFit:
     """A profile of the device and build a benchmark output measured, with held-out errors; its
-    whole passes routed over the share of the experts (default: the engine's, `BENCH_ROUTED_SHARE`)."""
+    whole passes routed over the share of the experts (default: the engine's, `BENCH_ROUTED_SHARE`: every expert)."""
     options, variant_note = choose_variant(path, table_format, options)
     fmt_name, frame = import_table(path, table_format, options)
     if (frame["scope"] != "pass").any() and engine_name is None and frame["engine"][0].startswith("vLLM"):
@@ -231,6 +231,8 @@ def fit_bench_output(
         status="calibrated",
     )
     share = BENCH_ROUTED_SHARE.get(engine.name, 1.0) if share is None else share
+    if not 0.0 < share <= 1.0:
+        raise InputError(f"--routed-share: is a share of the experts, in (0, 1], got {share:g}")
     choice = choose_limit(frame, engine, frame_, weight_format, build, architecture, share)
     if choice.limit is not None and choice.limit != choice.source_limit:
         frame_ = dataclasses.replace(frame_, dispatch=with_limit(source_dispatch, weight_format, choice.limit))

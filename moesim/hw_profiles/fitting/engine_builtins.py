@@ -30,11 +30,12 @@ from moesim.hw_profiles.provenance import FittedRow, Provenance, file_sha256
 
 PUBLIC_TABLE = Path("data") / "public-bench" / "moe_pass_times.csv"
 DENSE_SHARE, DENSE_COMPUTE_SHARE = 0.9, 0.7
-# The share of the experts a whole-pass benchmark's random tokens route to, per engine (`whole_pass`):
-# the one of `pooled.routing_share.ROUTED_SHARES` with the least held-out error over the engine's
-# shared rows (`choose_share`; bench/validate_engine_transfer.py prints the choice against these).
-# An engine not named here routes over every expert.
-BENCH_ROUTED_SHARE = {"llama.cpp CUDA": 0.5, "llama.cpp Metal": 0.7}
+# The share of the experts a whole-pass benchmark's random tokens route to, per engine (`whole_pass`);
+# an engine not named here routes over every expert. None is shipped: a share chosen without the
+# rows it is judged on (`pooled.routing_share.choose_share`, nested in bench/validate_engine_transfer.py)
+# predicts held-out rows worse than every expert does (docs/validation.md, issue 25's third pass),
+# so the built-ins route over all; a user's fit may set one (`profile fit --routed-share`).
+BENCH_ROUTED_SHARE: dict[str, float] = {}
 
 
 @dataclass(frozen=True)

@@ -374,7 +374,7 @@ def profile_of(
     if share < 1.0:
         notes.append(
             f"the benchmark's whole passes were priced with its random tokens routed uniformly over {share:.0%} of the experts "
-            "(the engine's share, chosen by held-out error on the shared rows); a routing trace is priced as it routes"
+            "(the share the fit was given); a routing trace is priced as it routes"
         )
     has_passes = any(r.scope == "pass" for r in rows)
     dense = frame.dense_fallback

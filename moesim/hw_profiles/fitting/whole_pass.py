@@ -17,7 +17,7 @@ families, `families.ExpertFamily`), on the features uniform routing gives m toke
 over the experts the tokens route to: U = e·(1 − (1 − K/e)^m), S = m·K. A kernel benchmark routes
 its tokens uniformly over all E experts (e = E); llama-bench feeds the model random token ids,
 which its router sends to fewer experts than real text: uniformly over a share ρ of them,
-e = max(K, ρ·E) (`PassRow.routed_over`, one ρ per engine, `engine_builtins.BENCH_ROUTED_SHARE`;
+e = max(K, ρ·E) (`PassRow.routed_over`; ρ = 1 for the built-ins, `engine_builtins.BENCH_ROUTED_SHARE`;
 at m = 1 every share gives U = K).
 A kernel benchmark's row (scope `op`) is one MoE layer's t_f(n)(n). Every term is linear in one
 coefficient (1/BW, 1/F, a fixed time), so the rows' columns (`columns`) make a least-squares design.

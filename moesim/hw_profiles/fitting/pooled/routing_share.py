@@ -7,8 +7,10 @@ tokens routed uniformly over a share ρ of the experts; ρ is one number per eng
 `ROUTED_SHARES` whose fits judge best on rows they never saw: each device of the engine fitted
 with every whole pass at ρ, the median absolute held-out error over all the engine's rows (leave
 one model out on a device with two or more models, else leave one pass size out: `engine_fit`),
-the larger share on a tie. It is chosen once (`engine_builtins.BENCH_ROUTED_SHARE` holds the
-choice, bench/validate_engine_transfer.py prints it against the stored one).
+the larger share on a tie. bench/validate_engine_transfer.py prints the choice on every row and
+chosen without the rows it is judged on; the nested choice predicts those worse than every expert
+does, so no built-in ships one (`engine_builtins.BENCH_ROUTED_SHARE` is empty; `profile fit
+--routed-share` sets one for a user's run).
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ tokens routed uniformly over a share ρ of the experts; ρ is one number per eng
 `ROUTED_SHARES` whose fits judge best on rows they never saw: each device of the engine fitted
 with every whole pass at ρ, the median absolute held-out error over all the engine's rows (leave
 one model out on a device with two or more models, else leave one pass size out: `engine_fit`),
-the larger share on a tie. bench/validate_engine_transfer.py prints the choice on every row and
-chosen without the rows it is judged on; the nested choice predicts those worse than every expert
-does, so no built-in ships one (`engine_builtins.BENCH_ROUTED_SHARE` is empty; `profile fit
---routed-share` sets one for a user's run).
+the larger share on a tie. bench/validate_engine_transfer.py prints the choice made on all rows
+and, nested, the choice made without the rows it is judged on: the nested choice predicts held-out
+models worse than routing over every expert (ρ = 1), so no built-in ships one
+(`engine_builtins.BENCH_ROUTED_SHARE` is empty; `profile fit --routed-share` sets one for a user's
+run).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import atexit
 import contextlib
 import io
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -127,15 +126,3 @@ def make_server(cost: object, policy: object, acceptance: object, workload: obje
     requests, duration_us, seed, windows, scheduling, lane, progress)."""
     defaults: dict[str, object] = {"arrivals": Arrivals(), "max_batch": 1, "requests": 1, "duration_us": 0.0, "seed": 0}
     return Server(cost=cost, policy=policy, acceptance=acceptance, workload=workload, **(defaults | options))  # type: ignore[arg-type]
-
-
-def same_values(shipped: object, fitted: object) -> bool:
-    """Equal tables, texts and integers; floats within 1e-9 relative (a fit's last digits move with
-    the machine's BLAS and numpy's release, its meaning does not)."""
-    if isinstance(shipped, dict) and isinstance(fitted, dict):
-        return shipped.keys() == fitted.keys() and all(same_values(shipped[k], fitted[k]) for k in shipped)
-    if isinstance(shipped, list) and isinstance(fitted, list):
-        return len(shipped) == len(fitted) and all(same_values(a, b) for a, b in zip(shipped, fitted, strict=True))
-    if isinstance(shipped, float) and isinstance(fitted, float):
-        return math.isclose(shipped, fitted, rel_tol=1e-9, abs_tol=1e-12)
-    return type(shipped) is type(fitted) and shipped == fitted

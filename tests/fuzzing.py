@@ -43,6 +43,8 @@ DATA = REPO / "data"
 
 
 def _toml_value(value: Any) -> str:
+    if type(value) is float and math.isfinite(value):  # most of a profile's values: first, the same text as below
+        return repr(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -52,7 +54,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(map(_toml_value, value)) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(type(value))
@@ -109,23 +111,33 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return found
 
 
-def _copy(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _copy(v) for k, v in node.items()}
-    return [_copy(v) for v in node] if isinstance(node, list) else node
+_PATHS: dict[int, tuple[Any, list[tuple[Any, ...]]]] = {}  # id of a valid document → (the document, kept alive; its paths)
+
+
+def _paths_of_valid(doc: Any) -> list[tuple[Any, ...]]:
+    """`_paths` of a valid document, walked once (every example's first corruption starts from it)."""
+    if id(doc) not in _PATHS:
+        _PATHS[id(doc)] = (doc, _paths(doc))
+    return _PATHS[id(doc)][1]
+
+
+def _shallow(node: Any) -> Any:
+    return dict(node) if isinstance(node, dict) else list(node) if isinstance(node, list) else node
 
 
 @st.composite
 def corrupted(draw: st.DrawFn, doc: dict[str, Any], json_like: bool = False) -> dict[str, Any]:
-    """`doc` with 1 to 3 corruptions at random places."""
-    doc = _copy(doc)
-    for _ in range(draw(st.integers(1, 3))):
-        paths = _paths(doc)
+    """`doc` with 1 to 3 corruptions at random places (the tables and lists on the way to each copied,
+    the rest shared with `doc`, which stays as it was)."""
+    valid, doc = doc, _shallow(doc)
+    for i in range(draw(st.integers(1, 3))):
+        paths = _paths_of_valid(valid) if i == 0 else _paths(doc)
         if not paths:
             break
         *parents, key = paths[draw(st.integers(0, len(paths) - 1))]
         node = doc
         for part in parents:
+            node[part] = _shallow(node[part])
             node = node[part]
         action = draw(ACTIONS)
         if action == "replace":

@@ -256,8 +256,7 @@ def test_sigterm_stops_a_sweep_like_ctrl_c_and_the_rerun_gives_the_same_bytes(tm
     folder = partial_dir(load_config(config_path), out)
     command = [sys.executable, "-m", "moesim", "sweep", str(config_path), "--out", str(out)]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not (folder.is_dir() and list(folder.glob("unit-*.parquet"))) and process.poll() is None and time.monotonic() < deadline:
+    while not (folder.is_dir() and list(folder.glob("unit-*.parquet"))) and process.poll() is None:  # however loaded the machine
         time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)

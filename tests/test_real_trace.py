@@ -78,14 +78,15 @@ def test_distinct_experts_of_every_window_equal_an_independent_count_from_the_cs
     trace = read_trace("esft-vanilla-lite")
     assert np.array_equal(trace.seq_starts, starts)
     counted = window_features(trace.experts, trace.seq_starts, GEOMETRY.experts, MAX_PASS).distinct_experts
-    cumulative = np.concatenate([np.zeros((1, 26, 64), np.int32), np.cumsum(member, axis=0, dtype=np.int32)])
+    tokens = member.shape[0]  # 16,549: the running counts fit 16 bits
+    cumulative = np.concatenate([np.zeros((1, 26, 64), np.uint16), np.cumsum(member, axis=0, dtype=np.uint16)])
     first_row = np.repeat(starts[:-1], np.diff(starts))
-    rows = np.arange(member.shape[0])
-    for n in range(1, MAX_PASS + 1):
-        begin = rows - n + 1
-        inside = begin >= first_row  # a window never crosses a sequence boundary
-        occurrences = cumulative[rows + 1] - cumulative[np.maximum(begin, 0)]
-        expected = np.where(inside[:, None], (occurrences > 0).sum(axis=2), 0)
+    rows = np.arange(tokens)
+    for n in range(1, MAX_PASS + 1):  # the window of n tokens ending at row r: rows r - n + 1 .. r
+        expected = np.zeros((tokens, 26), np.int64)  # rows r < n - 1: no whole window
+        inside = rows[n - 1 :] - n + 1 >= first_row[n - 1 :]  # a window never crosses a sequence boundary
+        occurs = cumulative[n:] != cumulative[: tokens - n + 1]  # an expert occurs in the window iff its count grew over it
+        expected[n - 1 :] = np.where(inside[:, None], np.count_nonzero(occurs, axis=2), 0)
         np.testing.assert_array_equal(counted[:, :, n - 1], expected, err_msg=f"n = {n}")
     # the windows of 8 tokens: 27 distinct experts per layer against 34.9 under uniform routing (the figures)
     eight = counted[counted[:, 0, 7] > 0, :, 7]

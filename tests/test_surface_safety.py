@@ -276,8 +276,7 @@ def _terminate_after(command: list[str], cwd: Path, cpu_s: float, ready: object 
     process = subprocess.Popen(
         [sys.executable, "-m", "moesim", *command], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline:
+    while process.poll() is None:  # no wall-clock limit: however loaded the machine
         with_work = cpu_seconds(process.pid) >= cpu_s
         if with_work and (ready is None or ready()):  # type: ignore[operator]
             break

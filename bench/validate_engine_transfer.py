@@ -196,6 +196,19 @@ def main() -> None:
                 print(f"| {target.recipe.name} | pooled: all {len(others)} other devices | {_cells(every)} |")
     print(f"\nLike pairs: per device {_medians(today_like)}; pooled {_medians(pooled_like)}.")
     print(f"Like pairs, per device, nested share: {_medians(nested_like)}.")
+    engine_of = {item.name: item.engine for item in recipes}
+    print(
+        "Like pairs, per device, by engine: "
+        + "; ".join(
+            f"{engine} {_medians([j for j in today_like if engine_of[j.target] == engine])}"
+            for engine in engines
+            if any(engine_of[j.target] == engine for j in today_like)
+        )
+        + "."
+    )
+    ran = {name: ({r.model for r in fit.rows}, {r.era for r in fit.rows}) for name, fit in fits.items()}
+    seen = np.array([(r.model in ran[j.source][0], r.era in ran[j.source][1]) for j in today_like for r in j.rows])
+    print(f"Like pairs' target rows of a model the source ran: {seen[:, 0].sum()} of {len(seen)}; of a build it ran: {seen[:, 1].sum()}.")
 
     bounds = pair_bounds(fits)
     print("\n#### Unlike pairs: error and the stated transfer uncertainty\n")

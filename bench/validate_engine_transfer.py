@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moesim.hw_profiles.fitting.bench_fit import fit_bench_output, predicted_rows
 from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, PUBLIC_TABLE, Recipe, fit_recipe, recipe_rows
-from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
+from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors, series_of
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
 from moesim.hw_profiles.fitting.engine_validation import leave_one_model_out as own_lomo
 from moesim.hw_profiles.fitting.pooled.pool_validation import (
@@ -209,6 +209,18 @@ def main() -> None:
     ran = {name: ({r.model for r in fit.rows}, {r.era for r in fit.rows}) for name, fit in fits.items()}
     seen = np.array([(r.model in ran[j.source][0], r.era in ran[j.source][1]) for j in today_like for r in j.rows])
     print(f"Like pairs' target rows of a model the source ran: {seen[:, 0].sum()} of {len(seen)}; of a build it ran: {seen[:, 1].sum()}.")
+    print("\nThe worst like pair per engine (largest median T(n)/T(n0) error), per series: n, T(n)/T(n0) measured, predicted:")
+    for engine in engines:
+        found = [j for j in today_like if engine_of[j.target] == engine and ratio_errors(j).size]
+        if found:
+            worst = max(found, key=lambda j: np.median(np.abs(ratio_errors(j))))
+            for (model, build, _), indices in series_of(worst.rows).items():
+                measured, predicted = np.array([worst.rows[i].time_us for i in indices]), worst.predicted_us[indices]
+                cells = ", ".join(
+                    f"{worst.rows[i].n_tokens}: {m / measured[0]:.2f}, {p / predicted[0]:.2f}"
+                    for i, m, p in zip(indices, measured, predicted, strict=True)
+                )
+                print(f"- {worst.source} -> {worst.target}, {model} ({build}): {cells}")
 
     bounds = pair_bounds(fits)
     print("\n#### Unlike pairs: error and the stated transfer uncertainty\n")

@@ -109,7 +109,7 @@ def leave_one_device_out(target: Recipe, source: Recipe, source_fit: EngineFit, 
     return Judged(target.name, "leave one device out", source.name, rows, predicted)
 
 
-def _series(rows: list[PassRow]) -> dict[tuple[str, str, str], list[int]]:
+def series_of(rows: list[PassRow]) -> dict[tuple[str, str, str], list[int]]:
     """Rows of one model, build and test (batched decode of any batch size is one test), by pass
     size; a size timed twice counts once (its first row)."""
     groups: dict[tuple[str, str, str], dict[int, int]] = {}
@@ -121,7 +121,7 @@ def _series(rows: list[PassRow]) -> dict[tuple[str, str, str], list[int]]:
 def ratio_errors(judged: Judged) -> np.ndarray:
     """Errors of T(n)/T(n0) within each series (n0 its smallest pass size)."""
     errors = []
-    for indices in _series(judged.rows).values():
+    for indices in series_of(judged.rows).values():
         measured = np.array([judged.rows[i].time_us for i in indices])
         predicted = judged.predicted_us[indices]
         if np.isfinite(predicted).all():
@@ -156,7 +156,7 @@ class Switch:
 def switches(rows: list[PassRow]) -> list[Switch]:
     """Per series, the measured cliff and where the row's build switches kernel family."""
     out = []
-    for (model, build, test), indices in _series(rows).items():
+    for (model, build, test), indices in series_of(rows).items():
         sizes = [rows[i].n_tokens for i in indices]
         families = [rows[i].family_at(n) for i, n in zip(indices, sizes, strict=True)]
         dispatched = next((sizes[j] for j in range(1, len(sizes)) if families[j] != families[j - 1]), None)

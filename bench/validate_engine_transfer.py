@@ -16,6 +16,7 @@ a routed share chosen nested (`Nested`): by `choose_share`'s criterion without t
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ from moesim.hw_profiles.fitting.pooled.pool_validation import (
 from moesim.hw_profiles.fitting.pooled.routing_share import ROUTED_SHARES, fit_errors, least_error, median_error, share_fit
 from moesim.hw_profiles.fitting.whole_pass import PassRow
 from moesim.hw_profiles.importers import ImportOptions, import_table
+from moesim.hw_profiles.profile import HardwareProfile
 
 SERIES = {
     "RTX 3090 CUDA, DeepSeek-V2-Lite pp512, 2025-08 build (32-48)": tuple(range(32, 49, 2)),
@@ -63,6 +65,15 @@ def _cells(judged: Judged | None) -> str:
         return "– | – | –"
     errors = judged.errors()
     return f"{int(np.isfinite(errors).sum())}/{len(errors)} | {_pct(errors)} | {_pct(ratio_errors(judged))}"
+
+
+def _with_fixed_times(profile: HardwareProfile, other: HardwareProfile) -> HardwareProfile:
+    """The profile with the other's fixed times: per pass, and per layer of each family both have."""
+    families = {
+        name: dataclasses.replace(family, fixed_us=other.expert_families[name].fixed_us) if name in other.expert_families else family
+        for name, family in profile.expert_families.items()
+    }
+    return dataclasses.replace(profile, expert_families=families, pass_fixed_us=other.pass_fixed_us)
 
 
 def _medians(found: list[Judged]) -> str:
@@ -209,6 +220,11 @@ def main() -> None:
     ran = {name: ({r.model for r in fit.rows}, {r.era for r in fit.rows}) for name, fit in fits.items()}
     seen = np.array([(r.model in ran[j.source][0], r.era in ran[j.source][1]) for j in today_like for r in j.rows])
     print(f"Like pairs' target rows of a model the source ran: {seen[:, 0].sum()} of {len(seen)}; of a build it ran: {seen[:, 1].sum()}.")
+    oracle = [
+        scaled_out(t, s, dataclasses.replace(fits[s.name], profile=_with_fixed_times(fits[s.name].profile, fits[t.name].profile)))
+        for t, s in ((by_name[j.target].recipe, by_name[j.source].recipe) for j in today_like)
+    ]
+    print(f"Like pairs with the target's own fitted fixed times (an oracle on the judged rows, not held-out): {_medians(oracle)}.")
     print("\nThe worst like pair per engine (largest median T(n)/T(n0) error), per series: n, T(n)/T(n0) measured, predicted:")
     for engine in engines:
         found = [j for j in today_like if engine_of[j.target] == engine and ratio_errors(j).size]

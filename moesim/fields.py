@@ -22,12 +22,13 @@ FieldError naming the key path), for tables that come from elsewhere (generator 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,11 @@ def require(condition: bool, field: str, message: str) -> None:
         raise FieldError(field, message)
 
 
-def field_checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
-    """check(*args), a ConfigError it raises raised again as the FieldError of `field`."""
+@contextlib.contextmanager
+def field_checked(field: str) -> Iterator[None]:
+    """A ConfigError raised inside the block raised again as the FieldError of `field`."""
     try:
-        return check(*args)
+        yield
     except ConfigError as exc:
         raise FieldError(field, str(exc)) from None
 

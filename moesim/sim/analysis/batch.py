@@ -11,7 +11,7 @@ import polars as pl
 from moesim.errors import InputError
 from moesim.sim.analysis.scenario import Scenario, extrapolation_warnings, uniform_twin
 from moesim.sim.analysis.speculation import batch_iteration, target_efficiency
-from moesim.sim.cost.pass_features import fitting_lanes, union_pass_cost
+from moesim.sim.cost.pass_features import union_pass_cost
 from moesim.tracegen.formats.trace import Trace
 
 
@@ -97,12 +97,13 @@ def batch_analysis(
     if routing not in ("trace", "uniform"):
         raise InputError(f"routing must be 'trace' or 'uniform', got '{routing}'")
     trace = scenario.trace if routing == "trace" else uniform_twin(scenario.trace, scenario.model.preset, batch=max(batches))
-    for b in batches:  # each batch size fits the trace before anything is laid out per request (an array of B)
-        fitting_lanes(trace, b, 1)
+    # the one-token passes first: each batch size fits the trace (`fitting_lanes`) before the
+    # iteration lays out anything per request (an array of B); the passes' costs hold the engine's
+    # time per forward (StepTimeModel.engine_us)
+    singles = [_batch_pass_us(scenario, trace, b, 1, max_batches) for b in batches]
     iteration = batch_iteration(scenario, alpha, draft_len, batches, moesd_slots)
     rows = []
-    for b in batches:  # the passes' costs hold the engine's time per forward (StepTimeModel.engine_us)
-        single, _, x1, source = _batch_pass_us(scenario, trace, b, 1, max_batches)
+    for b, (single, _, x1, source) in zip(batches, singles, strict=True):
         multi, distinct, xv, _ = _batch_pass_us(scenario, trace, b, iteration.verify_tokens, max_batches)
         rows.append((single, multi, distinct, max(x1, xv), f"B={b}: {source}"))
     single, multi, distinct, factor, source = zip(*rows, strict=True)

@@ -463,7 +463,8 @@ class DrafterSection:
 
     def __post_init__(self) -> None:
         spec = self.kind
-        base, options = field_checked("kind", split_options, spec)
+        with field_checked("kind"):
+            base, options = split_options(spec)
         unknown = sorted(set(options) - set(SPEC_OPTIONS))
         require(not unknown, "kind", f"drafter '{spec}': unknown option '{(unknown or [''])[0]}' (known: {', '.join(SPEC_OPTIONS)})")
         name, _, argument = base.partition(":")
@@ -495,7 +496,8 @@ class DrafterSection:
             require(valid, "time_us", f"a {name} drafter needs time_us >= 0, got {t}")
         for key, kinds in (("model", (DenseModelDrafter.name,)), ("time_us", TIMED)):
             require(getattr(self, key) is None or name in kinds, key, f"applies to {', '.join(kinds)}, not to '{name}'")
-        field_checked("tree", parse_tree, self.tree)
+        with field_checked("tree"):
+            parse_tree(self.tree)
 
     def spec(self) -> str:
         """The drafter as a spec string (`parse_drafter` reads it back to this section)."""
@@ -534,7 +536,8 @@ class DrafterSection:
 
 def _spec_time_us(spec: str, name: str, argument: str | None) -> float:
     """The µs a timed drafter's spec gives (`fixed:US` per draft step, `ngram:US` / `suffix:US` per lookup)."""
-    return field_checked("kind", _microseconds, spec, argument or "", f"{name}:US", "per draft step" if name == "fixed" else "per lookup")
+    with field_checked("kind"):
+        return _microseconds(spec, argument or "", f"{name}:US", "per draft step" if name == "fixed" else "per lookup")
 
 
 def _one_place(spec: str, key: str, given: object, from_kind: object) -> object:

@@ -96,7 +96,8 @@ class ParallelSection(Checked):
     def __post_init__(self) -> None:
         require(not self.expert_parallel or self.tensor_parallel > 1, "expert_parallel", "needs tensor_parallel > 1 devices")
         if self.link:
-            field_checked("link", link_spec, self.link)
+            with field_checked("link"):
+                link_spec(self.link)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,8 @@ class TargetSection:
 
     def __post_init__(self) -> None:
         if self.device:
-            field_checked("device", device_spec, self.device)
+            with field_checked("device"):
+                device_spec(self.device)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ routing against its formulas, errors and extrapolation warnings."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -84,7 +85,10 @@ def test_crossover_json_and_uniform_formula(cli, uniform_path: Path) -> None:  #
     assert result["dedup_wins"] == wins and result["crossover_n"] == (wins[0] if wins else None)
 
 
-ADDRESS_SPACE = 2 << 30  # the batch command's own needs fit in 2 GiB; one int64 per request of a billion (8 GB) does not
+ADDRESS_SPACE = 4 << 30  # the batch command's own needs fit in 4 GiB; one int64 per request of a billion (8 GB) does not
+# one thread per pool in the child: a BLAS or Numba pool reserves address space per core, which would
+# tie the limit to the machine's core count
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")}
 
 
 def _limited() -> None:
@@ -97,7 +101,8 @@ def test_batch_refuses_a_batch_the_trace_cannot_hold_before_laying_out_its_reque
     billion requests: every batch size is checked against the trace before any is laid out."""
     args = ["batch", "--trace", trace_path, "--profile", "nvidia-h200", "--alpha", "0.7", "--draft-len", "3"]
     command = [sys.executable, "-m", "moesim", *map(str, args), "--batch", "1,1000000000", "--routing", routing]
-    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=_limited, timeout=300, check=False)
+    env = {**os.environ, **ONE_THREAD}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=_limited, timeout=300, check=False)
     assert_one_line_error(done.returncode, done.stderr, "too short for a batch of 1000000000 sequences")
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, assert_one_line_error
 
-from moesim.hw_profiles.fitting.bench_fit import fit_bench_output
+from moesim.hw_profiles.fitting.bench_fit import LEARN_MARGIN, fit_bench_output
+from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE
+from moesim.hw_profiles.fitting.pooled.routing_share import ROUTED_SHARES, fit_errors, median_error
 from moesim.hw_profiles.importers import ImportOptions
 from moesim.hw_profiles.schema import read_profile, write_profile
 from moesim.kernels.features import uniform_distinct_experts
@@ -85,7 +87,8 @@ def test_the_readme_example_fits(tmp_path: Path, cli) -> None:  # type: ignore[n
     code, stdout, err = cli(
         "profile", "fit", REPO / "examples" / "llama-bench-synthetic.md", "--device", "RTX 3090", "--out", tmp_path / "p.toml"
     )
-    assert code == 0, err and "learned from this run" in stdout
+    assert code == 0, err
+    assert "per-slot kernel up to" in stdout and "routed share" in stdout
 
 
 def test_bench_fit_errors_are_one_line(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
@@ -141,3 +144,31 @@ def test_a_compare_table_fits_without_flags_and_validates(tmp_path: Path, cli) -
     assert code == 0 and json.loads(stdout)["median_abs_pct_error"] == pytest.approx(checked["median_abs_pct_error"]), err
     code, _, err = cli("validate", run, REPO / "examples" / "llama-bench-synthetic.md", "--profile", "nvidia-h200")
     assert_one_line_error(code, err, "no engine dispatch")
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.4])
+def test_the_run_chooses_its_routed_share(tmp_path: Path, share: float) -> None:
+    """A run whose random tokens route over a share of the experts, fitted without `--routed-share`:
+    each candidate's held-out error recomputed from a fit at that share alone, the largest share
+    within the margin of the least kept, stored and said. Every expert and 0.4 are recovered; at 0.5
+    the fit at 0.7 is within the margin of the least error (0.5's), so 0.7 is kept, but not every expert."""
+    run = tmp_path / "bench.md"
+    run.write_text(_synthetic_run(4, noise=0.01, share=share))
+    result = fit_bench_output(run, "mine", ImportOptions(device="RTX 3090"))
+    alone = {
+        candidate: median_error([fit_errors(fit_bench_output(run, "mine", ImportOptions(device="RTX 3090"), share=candidate).fit)])
+        for candidate in ROUTED_SHARES
+    }
+    assert result.share.errors == pytest.approx(alone)
+    least = min(alone.values())
+    chosen = max(c for c, e in alone.items() if e <= least * (1 + LEARN_MARGIN))
+    assert result.share.share == chosen and result.fit.profile.bench_routed_share == chosen
+    assert chosen == share if share != 0.5 else share < chosen < 1.0
+    assert any(note.startswith(f"routed share {chosen:g}: the largest share within") for note in result.fit.profile.notes)
+
+
+def test_a_run_without_llama_bench_passes_routes_over_every_expert(tmp_path: Path) -> None:
+    """llama-batched-bench decodes one token id per sequence: no share describes it, none is chosen."""
+    result = fit_bench_output(PUBLIC_TABLE, "mine", ImportOptions(rows=tuple(range(331, 341))))  # RX 7900 XTX Vulkan, B = 1..64
+    assert result.share.share == 1.0 and result.share.errors == {}
+    assert "no test of this run passes several random token ids" in result.share.sentence()

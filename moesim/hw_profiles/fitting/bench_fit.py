@@ -20,12 +20,23 @@ as the cliff allows; unless the fit at that limit is worse than at the source's 
 `LEARN_MARGIN` of the mean relative error (then the cliff is not the kernel switch). The per-slot
 kernel always runs at one token (every build of every engine moesim knows does), so no limit is
 below 1. A run without a cliff keeps the source's limit: a change of kernel need not be a jump.
+
+llama-bench times passes of random token ids, which a router sends to fewer experts than real text
+(`whole_pass`: uniformly over a share ρ of them). How few depends on the model and its router, so
+the run chooses: the run is fitted at each share of `pooled.routing_share.ROUTED_SHARES`, and the
+share whose fit has the least held-out error on the run's own rows (the median |error| of the time
+per pass and of T(n)/T(n0), leave one pass size out) is kept; as with the limit, the prior (every
+expert) gives way only where the rows clearly say so: the largest share whose error is within
+`LEARN_MARGIN` of the least is kept. No held-out row, or no test a share describes (a kernel
+benchmark, llama-batched-bench), keeps every expert. Nothing but the run's rows chooses it (on
+half the sizes of the shared series it predicts the other half better than every expert does:
+docs/validation.md). `--routed-share` fixes it instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +48,10 @@ from moesim.hw_profiles.catalog import catalog, lookup_device
 from moesim.hw_profiles.dispatch import Dispatch, DispatchRule
 from moesim.hw_profiles.engines import ENGINES, Engine
 from moesim.hw_profiles.families import Roofline
-from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, _assumed_dense, device_facts, used_sources
+from moesim.hw_profiles.fitting.engine_builtins import _assumed_dense, device_facts, used_sources
 from moesim.hw_profiles.fitting.engine_fit import EngineFit, ProfileFrame, fit_coefficients, fit_engine, predict_rows
 from moesim.hw_profiles.fitting.engine_validation import switches
+from moesim.hw_profiles.fitting.pooled.routing_share import ROUTED_SHARES, fit_errors, least_error, median_error
 from moesim.hw_profiles.fitting.whole_pass import PassRow, pass_rows, predict_us, predicts
 from moesim.hw_profiles.importers import ImportOptions, choose_variant, import_table
 from moesim.hw_profiles.measurements.table import DISPATCH_KERNEL, load_measurements
@@ -87,12 +99,35 @@ class LimitChoice:
 
 
 @dataclass(frozen=True)
+class ShareChoice:
+    """The share of the experts the run's whole passes route over, and, where the run chose it, each
+    candidate's held-out error (median |error| of the time per pass and of T(n)/T(n0))."""
+
+    share: float
+    errors: dict[float, float] = field(default_factory=dict)
+    given: bool = False
+
+    def sentence(self) -> str:
+        """What was chosen and why, in one line."""
+        head = f"routed share {self.share:g}"
+        if self.given:
+            return f"{head}: given (--routed-share)"
+        if not self.errors:
+            return f"{head}: no test of this run passes several random token ids of one sequence (llama-bench's), which a share describes"
+        cells = ", ".join(f"{s:g}: {100 * e:.1f} %" if np.isfinite(e) else f"{s:g}: –" for s, e in self.errors.items())
+        if not any(np.isfinite(error) for error in self.errors.values()):
+            return f"{head}: the run has no held-out rows to choose a share by ({cells})"
+        return f"{head}: the largest share within {100 * LEARN_MARGIN:.0f} % of the least held-out error of this run's fits ({cells})"
+
+
+@dataclass(frozen=True)
 class BenchFit:
-    """The fit, the per-slot limit it kept and why, and what the import said."""
+    """The fit, the per-slot limit it kept and why, the routed share it chose, and what the import said."""
 
     fit: EngineFit
     table_format: str
     choice: LimitChoice
+    share: ShareChoice
     notes: tuple[str, ...] = ()
 
     @property
@@ -188,7 +223,8 @@ def fit_bench_output(
     share: float | None = None,
 ) -> BenchFit:
     """A profile of the device and build a benchmark output measured, with held-out errors; its
-    whole passes routed over the share of the experts (default: the engine's, `BENCH_ROUTED_SHARE`: every expert)."""
+    whole passes routed over the share of the experts given, else over the candidate of
+    `ROUTED_SHARES` whose fit has the least held-out error on the run's own rows (module docstring)."""
     options, variant_note = choose_variant(path, table_format, options)
     fmt_name, frame = import_table(path, table_format, options)
     if (frame["scope"] != "pass").any() and engine_name is None and frame["engine"][0].startswith("vLLM"):
@@ -230,16 +266,24 @@ def fit_bench_output(
         era=build,
         status="calibrated",
     )
-    share = BENCH_ROUTED_SHARE.get(engine.name, 1.0) if share is None else share
-    if not 0.0 < share <= 1.0:
+    if share is not None and not 0.0 < share <= 1.0:
         raise InputError(f"--routed-share: is a share of the experts, in (0, 1], got {share:g}")
-    choice = choose_limit(frame, engine, frame_, weight_format, build, architecture, share)
-    if choice.limit is not None and choice.limit != choice.source_limit:
-        frame_ = dataclasses.replace(frame_, dispatch=with_limit(source_dispatch, weight_format, choice.limit))
-    rows = pass_rows(frame, [frame_.dispatch] * frame.height, [build] * frame.height, share)
-    fit = fit_engine(rows, engine, frame_)
-    fit.profile = used_sources(fit.profile)
-    return BenchFit(fit, fmt_name, choice, (variant_note,) if variant_note else ())
+
+    def fit_at(share: float) -> tuple[LimitChoice, EngineFit]:
+        choice = choose_limit(frame, engine, frame_, weight_format, build, architecture, share)
+        moved = choice.limit is not None and choice.limit != choice.source_limit
+        at = dataclasses.replace(frame_, dispatch=with_limit(source_dispatch, weight_format, choice.limit)) if moved else frame_
+        return choice, fit_engine(pass_rows(frame, [at.dispatch] * frame.height, [build] * frame.height, share), engine, at)
+
+    # at one token every share routes to the K experts: only passes of several tokens tell shares apart
+    takes_share = any(r.takes_share and r.n_tokens > 1 for r in pass_rows(frame, [source_dispatch] * frame.height))
+    shares = (share,) if share is not None else ROUTED_SHARES if takes_share else (1.0,)
+    fits = {candidate: fit_at(candidate) for candidate in shares}
+    errors = {candidate: median_error([fit_errors(fit)]) for candidate, (_, fit) in fits.items()} if len(shares) > 1 else {}
+    routed = ShareChoice(least_error(errors, LEARN_MARGIN) if errors else shares[0], errors, given=share is not None)
+    choice, fit = fits[routed.share]
+    fit.profile = used_sources(dataclasses.replace(fit.profile, notes=(*fit.profile.notes, routed.sentence())))
+    return BenchFit(fit, fmt_name, choice, routed, (variant_note,) if variant_note else ())
 
 
 @dataclass(frozen=True)

@@ -373,8 +373,8 @@ def profile_of(
     share = min((r.routed_share for r in rows), default=1.0)
     if share < 1.0:
         notes.append(
-            f"the benchmark's whole passes were priced with its random tokens routed uniformly over {share:.0%} of the experts "
-            "(the share the fit was given); a routing trace is priced as it routes"
+            f"the benchmark's whole passes were priced with its random tokens routed uniformly over {share:.0%} of the experts; "
+            "a routing trace is priced as it routes"
         )
     has_passes = any(r.scope == "pass" for r in rows)
     dense = frame.dense_fallback

@@ -78,11 +78,16 @@ class PassRow:
     test: str = ""
     routed_share: float = 1.0  # the share of the experts the row's tokens route to (module docstring)
 
-    def routed_over(self, share: float) -> PassRow:
-        """The row with a benchmark's routed share where its tokens are random ids: the whole passes of
-        one sequence (llama-bench's); a kernel benchmark routes over every expert, and llama-batched-bench
+    @property
+    def takes_share(self) -> bool:
+        """Whether the row's tokens are random ids a routed share describes: the whole passes of one
+        sequence (llama-bench's); a kernel benchmark routes over every expert, and llama-batched-bench
         decodes one token id in every sequence (a routing this share does not describe)."""
-        return dataclasses.replace(self, routed_share=share) if self.scope == "pass" and self.sequences == 1 else self
+        return self.scope == "pass" and self.sequences == 1
+
+    def routed_over(self, share: float) -> PassRow:
+        """The row with a benchmark's routed share where its tokens are random ids (`takes_share`)."""
+        return dataclasses.replace(self, routed_share=share) if self.takes_share else self
 
     def layer_runs(self) -> list[tuple[int, float]]:
         """(tokens, count) of the MoE layer evaluations of one pass."""

@@ -33,9 +33,9 @@ def share_fit(item: Recipe, share: float, rows: list[PassRow] | None = None) -> 
     return fit_engine(rows, ENGINES.create(item.engine), profile_frame(item))
 
 
-def fit_errors(item: Recipe, fit: EngineFit) -> np.ndarray:
+def fit_errors(fit: EngineFit) -> np.ndarray:
     """The fit's held-out errors of the time per pass, then of its series' T(n)/T(n0)."""
-    judged = Judged(item.name, fit.split, "same device", fit.rows, fit.heldout_us)
+    judged = Judged(fit.profile.name, fit.split, "same device", fit.rows, fit.heldout_us)
     return np.concatenate([judged.errors(), ratio_errors(judged)])
 
 
@@ -49,13 +49,17 @@ def median_error(errors: list[np.ndarray]) -> float:
 def heldout_error(items: list[Recipe], share: float) -> float:
     """Median |held-out error| over the recipes' rows and their series' T(n)/T(n0), every whole pass
     routed over the share of the experts."""
-    return median_error([fit_errors(item, share_fit(item, share)) for item in items])
+    return median_error([fit_errors(share_fit(item, share)) for item in items])
 
 
-def least_error(errors: dict[float, float]) -> float:
-    """The share of the least finite error, the larger on a tie (1 if none is finite)."""
+def least_error(errors: dict[float, float], margin: float = 0.0) -> float:
+    """The largest share whose finite error is within (1 + margin) of the least (margin 0: the
+    share of the least error, the larger on a tie; 1 if none is finite)."""
     judged = [s for s in errors if np.isfinite(errors[s])]
-    return min(judged, key=lambda s: (errors[s], -s)) if judged else 1.0
+    if not judged:
+        return 1.0
+    least = min(errors[s] for s in judged)
+    return max(s for s in judged if errors[s] <= least * (1.0 + margin))
 
 
 def choose_share(items: list[Recipe], shares: tuple[float, ...] = ROUTED_SHARES) -> tuple[float, dict[float, float]]:

@@ -26,8 +26,8 @@ llama-bench times passes of random token ids, which a router sends to fewer expe
 the run chooses: the run is fitted at each share of `pooled.routing_share.ROUTED_SHARES`, and the
 share whose fit has the least held-out error on the run's own rows (the median |error| of the time
 per pass and of T(n)/T(n0), leave one pass size out) is kept; as with the limit, the prior (every
-expert) gives way only where the rows clearly say so: the largest share whose error is within
-`LEARN_MARGIN` of the least is kept. No held-out row, or no test a share describes (a kernel
+expert) gives way only where the rows clearly say so: the largest share whose error is at most
+(1 + `LEARN_MARGIN`)·least + `SHARE_FLOOR` is kept. No held-out row, or no test a share describes (a kernel
 benchmark, llama-batched-bench), keeps every expert. Nothing but the run's rows chooses it (on
 half the sizes of the shared series it predicts the other half better than every expert does:
 docs/validation.md). `--routed-share` fixes it instead.
@@ -59,6 +59,10 @@ from moesim.hw_profiles.profile import HardwareProfile
 from moesim.hw_profiles.provenance import FittedRow, Provenance, file_sha256
 
 LEARN_MARGIN = 0.25
+# A share below every expert must also cut the run's held-out error by a point: both fits of the
+# example run (made at every expert) are within 0.4 %, where 0.1 point is no evidence of a router,
+# and a share moves the fitted bandwidth that prices real routing (docs/validation.md, third pass).
+SHARE_FLOOR = 0.01
 CLIFF_SIZES = 64  # a cliff above this many tokens is not the per-slot kernel's (every source limit is <= 8)
 # Catalog architectures -> the device classes of llama.cpp's CUDA dispatch.
 CUDA_CLASS = {"pascal": "pascal", "ampere": "turing-ampere", "turing": "turing-ampere", "rdna3": "rdna3", "cdna": "cdna"}
@@ -117,7 +121,10 @@ class ShareChoice:
         cells = ", ".join(f"{s:g}: {100 * e:.1f} %" if np.isfinite(e) else f"{s:g}: –" for s, e in self.errors.items())
         if not any(np.isfinite(error) for error in self.errors.values()):
             return f"{head}: the run has no held-out rows to choose a share by ({cells})"
-        return f"{head}: the largest share within {100 * LEARN_MARGIN:.0f} % of the least held-out error of this run's fits ({cells})"
+        return (
+            f"{head}: the largest share whose fit's held-out error is within {100 * LEARN_MARGIN:.0f} % and "
+            f"{100 * SHARE_FLOOR:.0f} point of the least ({cells})"
+        )
 
 
 @dataclass(frozen=True)
@@ -280,7 +287,7 @@ def fit_bench_output(
     shares = (share,) if share is not None else ROUTED_SHARES if takes_share else (1.0,)
     fits = {candidate: fit_at(candidate) for candidate in shares}
     errors = {candidate: median_error([fit_errors(fit)]) for candidate, (_, fit) in fits.items()} if len(shares) > 1 else {}
-    routed = ShareChoice(least_error(errors, LEARN_MARGIN) if errors else shares[0], errors, given=share is not None)
+    routed = ShareChoice(least_error(errors, LEARN_MARGIN, SHARE_FLOOR) if errors else shares[0], errors, given=share is not None)
     choice, fit = fits[routed.share]
     fit.profile = used_sources(dataclasses.replace(fit.profile, notes=(*fit.profile.notes, routed.sentence())))
     return BenchFit(fit, fmt_name, choice, routed, (variant_note,) if variant_note else ())

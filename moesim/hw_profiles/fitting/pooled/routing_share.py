@@ -52,14 +52,14 @@ def heldout_error(items: list[Recipe], share: float) -> float:
     return median_error([fit_errors(share_fit(item, share)) for item in items])
 
 
-def least_error(errors: dict[float, float], margin: float = 0.0) -> float:
-    """The largest share whose finite error is within (1 + margin) of the least (margin 0: the
-    share of the least error, the larger on a tie; 1 if none is finite)."""
+def least_error(errors: dict[float, float], margin: float = 0.0, floor: float = 0.0) -> float:
+    """The largest share whose finite error is at most (1 + margin)·least + floor (margin and floor
+    0: the share of the least error, the larger on a tie; 1 if none is finite)."""
     judged = [s for s in errors if np.isfinite(errors[s])]
     if not judged:
         return 1.0
     least = min(errors[s] for s in judged)
-    return max(s for s in judged if errors[s] <= least * (1.0 + margin))
+    return max(s for s in judged if errors[s] <= least * (1.0 + margin) + floor)
 
 
 def choose_share(items: list[Recipe], shares: tuple[float, ...] = ROUTED_SHARES) -> tuple[float, dict[float, float]]:

@@ -2,7 +2,8 @@
 
 Presets are data (`presets.toml`, or a user's TOML or Hugging Face `config.json`); this module
 turns them into frozen dataclasses and counts parameters and bytes: bytes of one expert, routed
-expert bytes per MoE layer, non-expert bytes read per token, total and active parameters.
+expert bytes per MoE layer, non-expert bytes read per token, total and active parameters, and
+the keys, KV bytes and attention FLOPs of a pass, each layer through its sliding window (`window_keys`).
 `moesim.kernels` never imports this module: it counts ids, and bytes are applied here.
 """
 
@@ -164,7 +165,7 @@ Keys = float | np.ndarray  # a count of keys or tokens, or an array of them
 
 
 def window_keys(context: Keys, window: int, span: Keys = 1.0) -> Keys:
-    """Mean keys of a query under window W, the queries' key counts c − (s−1)/2 + i (i < s): mean of min(·, W) (W = 0: c).
+    """Mean keys per query under window W over s consecutive key counts centred on c: mean of min(c − (s−1)/2 + i, W), i < s (W = 0: c).
 
     `context` is the mean key count per query of one sequence; `span` s how many consecutive key
     counts the queries run over: 1 for a decode or verify pass at the mean context (min(c, W)),

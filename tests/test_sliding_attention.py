@@ -95,8 +95,11 @@ def test_prompt_passes_read_and_attend_as_the_mask_counts(name: str, tokens: int
     assert row.dense_work()[0] - weights == pytest.approx(kv, rel=1e-12)
 
 
+DECODES = [(128, 0, 1, 0), (128, 4096, 1, 0), (64, 0, 4, 1000), (2000, 0, 1, 0)]  # (tgN, depth, sequences, prompt)
+
+
 @pytest.mark.parametrize("name", WINDOWED)
-@pytest.mark.parametrize(("generated", "depth", "sequences", "prompt"), [(128, 0, 1, 0), (128, 4096, 1, 0), (64, 0, 4, 1000), (2000, 0, 1, 0)])
+@pytest.mark.parametrize(("generated", "depth", "sequences", "prompt"), DECODES)
 def test_decode_passes_read_and_attend_as_the_mask_counts(name: str, generated: int, depth: int, sequences: int, prompt: int) -> None:
     preset = load_preset(name)
     scope = decode_scope(generated, depth, sequences, prompt)
@@ -125,11 +128,10 @@ def test_a_preset_without_windows_reads_and_attends_over_its_whole_context_as_be
 def test_the_compiled_pass_prices_windows_as_the_python_pass(name: str) -> None:
     preset = load_preset(name)
     trace = synthesize(preset, Sticky(keep_prob=0.3), 256, 4, 0)
-    assert np.isfinite(load_profile("nvidia-rtx-3090-llamacpp").dense.attention_tflops)  # attention priced
-    costs = [
-        TraceBatchCost(StepTimeModel(preset, load_profile("nvidia-rtx-3090-llamacpp"), "dispatch"), trace, make_drafter("ngram", preset), compiled=c)
-        for c in (True, False)
-    ]  # fmt: skip
+    profile = load_profile("nvidia-rtx-3090-llamacpp")
+    assert np.isfinite(profile.dense.attention_tflops)  # attention priced
+    drafter = make_drafter("ngram", preset)
+    costs = [TraceBatchCost(StepTimeModel(preset, profile, "dispatch"), trace, drafter, compiled=c) for c in (True, False)]
     rng = np.random.default_rng(1)
     for _ in range(TABLE_AFTER_PASSES + 4):
         seqs, starts = rng.integers(0, trace.n_seqs, 3), rng.integers(0, 200, 3)
@@ -139,11 +141,9 @@ def test_the_compiled_pass_prices_windows_as_the_python_pass(name: str) -> None:
         chunks = PrefillChunks(rng.integers(0, trace.n_seqs, 1), rng.integers(0, 100, 1), rng.integers(1, 50, 1))
         assert costs[0].mixed_us(seqs, starts, n_tokens, context, chunks) == costs[1].mixed_us(seqs, starts, n_tokens, context, chunks)
     # past every window only the full layers' keys grow: a pass at 8192 adds less over 4096 than without windows
-    windowed = costs[1].model
     alt = preset.alt_attention and dataclasses.replace(preset.alt_attention, sliding_window=0)
     full = dataclasses.replace(preset, attention=dataclasses.replace(preset.attention, sliding_window=0), alt_attention=alt)
-    whole = StepTimeModel(full, windowed.profile, "dispatch")
-    growth = [model.dense_pass_us(1, 8192.0) - model.dense_pass_us(1, 4096.0) for model in (windowed, whole)]
+    growth = [m.dense_pass_us(1, 8192.0) - m.dense_pass_us(1, 4096.0) for m in (costs[1].model, StepTimeModel(full, profile, "dispatch"))]
     assert 0.0 < growth[0] < growth[1]
 
 

@@ -2,7 +2,8 @@
 
 Presets are data (`presets.toml`, or a user's TOML or Hugging Face `config.json`); this module
 turns them into frozen dataclasses and counts parameters and bytes: bytes of one expert, routed
-expert bytes per MoE layer, non-expert bytes read per token, total and active parameters.
+expert bytes per MoE layer, non-expert bytes read per token, total and active parameters, and
+the keys, KV bytes and attention FLOPs of a pass, each layer through its sliding window (`window_keys`).
 `moesim.kernels` never imports this module: it counts ids, and bytes are applied here.
 """
 
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from moesim.atomic import protect
 from moesim.errors import ConfigError, InputError
@@ -157,6 +161,44 @@ class AttentionShape(Checked):
         return (1 if self.shared_kv else 2) * self.kv_heads * self.head_dim * bytes_per_element
 
 
+Keys = float | np.ndarray  # a count of keys or tokens, or an array of them
+
+
+def window_keys(context: Keys, window: int, span: Keys = 1.0) -> Keys:
+    """Mean keys per query under window W over s consecutive key counts centred on c: mean of min(c − (s−1)/2 + i, W), i < s (W = 0: c).
+
+    `context` is the mean key count per query of one sequence; `span` s how many consecutive key
+    counts the queries run over: 1 for a decode or verify pass at the mean context (min(c, W)),
+    U·P for the U·P prompt tokens of a causal prompt test, N for the N decode passes of a test.
+    """
+    if window == 0:
+        return context
+    first = context - (span - 1.0) / 2.0
+    below = np.clip(np.floor(window - first) + 1.0, 0.0, span)  # the key counts at or under W
+    return (below * first + below * (below - 1.0) / 2.0 + (span - below) * window) / span
+
+
+def windowed(by_window: tuple[tuple[int, float], ...], context_tokens: Keys, sequences: Keys, span: Keys) -> Keys:
+    """Σ_{W>0} x_W·S·window_keys(context/S, W, span): a per-key quantity x over the windowed layers of S sequences."""
+    total: Keys = 0.0
+    for window, per_key in by_window[1:]:
+        total = total + per_key * sequences * window_keys(context_tokens / sequences, window, span)
+    return total
+
+
+def kv_read(kv_by_window: tuple[tuple[int, float], ...], context_tokens: Keys, sequences: Keys = 1.0, span: Keys = 1.0) -> Keys:
+    """KV bytes the queries of a pass read: kv_0·context over the full layers + Σ_{W>0} kv_W·S·keys(context/S, W, span)."""
+    return kv_by_window[0][1] * context_tokens + windowed(kv_by_window, context_tokens, sequences, span)
+
+
+def attention_work(
+    flops_by_window: tuple[tuple[int, float], ...], tokens: Keys, context_tokens: Keys, sequences: Keys = 1.0, span: Keys = 1.0
+) -> Keys:
+    """Attention FLOPs of a pass of n tokens: a_0·n/S·context over the full layers + Σ_{W>0} a_W·n·keys(context/S, W, span)."""
+    full = flops_by_window[0][1] * tokens / sequences * context_tokens
+    return full + windowed(flops_by_window, context_tokens, sequences, span) * tokens / sequences
+
+
 @dataclass(frozen=True)
 class ModelPreset(Checked):
     """Architecture numbers of one model; `kind` is 'moe' (a target) or 'dense' (a draft)."""
@@ -250,9 +292,26 @@ class ModelPreset(Checked):
         """KV-cache bytes one token of context adds over all layers."""
         return float(sum(self.attention_of(i).kv_cache_bytes_per_token(bytes_per_element) for i in range(self.layers)))
 
-    def attention_flops_per_context_token(self) -> float:
-        """Attention FLOPs of one query token against one cached token, over all layers."""
-        return float(sum(self.attention_of(i).flops_per_context_token() for i in range(self.layers)))
+    def by_window(self, per_layer: Callable[[AttentionShape], float]) -> tuple[tuple[int, float], ...]:
+        """(window W, Σ per_layer(shape)) over the layers of each sliding window, in layer order; W = 0 (full attention) first."""
+        sums = {0: 0.0}
+        for i in range(self.layers):
+            shape = self.attention_of(i)
+            sums[shape.sliding_window] = sums.get(shape.sliding_window, 0.0) + per_layer(shape)
+        return tuple(sums.items())
+
+    @cached_property
+    def attention_flops_by_window(self) -> tuple[tuple[int, float], ...]:
+        """Attention FLOPs of one query against one key, summed over the layers of each window (`by_window`)."""
+        return self.by_window(AttentionShape.flops_per_context_token)
+
+    def kv_bytes_read(self, context_tokens: Keys, sequences: Keys = 1.0, span: Keys = 1.0, bytes_per_element: float = 2.0) -> Keys:
+        """KV bytes the queries of a pass read over all layers, each layer its window's keys (`kv_read`)."""
+        return kv_read(self.by_window(lambda a: a.kv_cache_bytes_per_token(bytes_per_element)), context_tokens, sequences, span)
+
+    def attention_flops(self, tokens: Keys, context_tokens: Keys, sequences: Keys = 1.0, span: Keys = 1.0) -> Keys:
+        """Attention FLOPs of a pass over all layers, each layer its window's keys (`attention_work`)."""
+        return attention_work(self.attention_flops_by_window, tokens, context_tokens, sequences, span)
 
     def lm_head_params(self) -> int:
         """Parameters of the output head (vocab x the embedding width)."""
@@ -453,6 +512,7 @@ class HFConfig(Checked):
     qk_rope_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
     v_head_dim: int | None = checked(None, ge=0, le=MAX_WIDTH)
     sliding_window: int | None = checked(None, ge=0, lt=1 << 32)
+    layer_types: tuple[str, ...] = ()  # gpt-oss: "sliding_attention" / "full_attention" per layer
     ffn_dim: int | None = checked(None, ge=1, le=MAX_WIDTH)  # OPT
     word_embed_proj_dim: int | None = checked(None, ge=1, le=MAX_WIDTH)  # OPT
 
@@ -513,6 +573,9 @@ def preset_from_hf_config(path: Path) -> ModelPreset:
         tied = c.tie_word_embeddings if raw.get("tie_word_embeddings") is not None else True  # OPT ties by default
         table.update(ffn_gated=False, attention_bias=True, tie_embeddings=tied, embedding_dim=c.word_embed_proj_dim or c.hidden_size)
     table["attention"] = attention
+    full = [i for i, kind in enumerate(c.layer_types) if kind == "full_attention"]
+    if attention.get("sliding_window") and full:
+        table.update(alt_attention={**attention, "sliding_window": 0}, alt_attention_layers=full)
     if experts:
         table["kind"] = "moe"
         table["experts"] = experts

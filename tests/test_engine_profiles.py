@@ -103,8 +103,9 @@ def test_provenance_lists_exactly_the_rows_fitted(built) -> None:  # type: ignor
 
 
 def test_fit_accounting_is_the_step_time_models(built) -> None:  # type: ignore[no-untyped-def]
-    """A decode-like pass (every row with logits, head on every pass) costs the same through the fit's
-    accounting and through StepTimeModel, for every calibrated engine profile with whole passes."""
+    """A decode-like pass (every row with logits, head on every pass: the row's n tokens one per
+    sequence, each at the row's context, so sliding windows cut each query alike) costs the same
+    through the fit's accounting and through StepTimeModel, for every calibrated engine profile with whole passes."""
     _, fits = built
     for name in ("nvidia-rtx-3090-llamacpp", "amd-rx-7900-xtx-vulkan"):
         fit = fits[name]
@@ -113,7 +114,9 @@ def test_fit_accounting_is_the_step_time_models(built) -> None:  # type: ignore[
             changes = {
                 "head_share": 1.0,
                 "logit_rows": row.n_tokens,
-                "sequences": 1,
+                "sequences": row.n_tokens,
+                "passes": 1,
+                "context_tokens": row.context_tokens * row.n_tokens,
                 "dense_format": row.shape.weight_format,
                 "dispatch": profile.dispatch,
             }
@@ -124,7 +127,7 @@ def test_fit_accounting_is_the_step_time_models(built) -> None:  # type: ignore[
             features = RoutingFeatures(
                 *(np.full(layers, float(getattr(features, f))) for f in ("n_tokens", "slots", "distinct_experts", "max_tokens_per_expert"))
             )
-            expected = float(model.pass_cost(features, decode.context_tokens).total_us())
+            expected = float(model.pass_cost(features, decode.context_tokens, float(row.n_tokens)).total_us())
             assert predict_us(decode, profile) == pytest.approx(expected, rel=1e-9)
 
 

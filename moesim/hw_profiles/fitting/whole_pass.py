@@ -7,10 +7,15 @@ accounting (the step-time model's, `moesim.sim.cost.steptime`):
                                                      rows that need logits, in the share h of passes
                                                      that compute them (llama-bench: one per batch)
             + (W_body + h·W_head)·b_dense / BW        non-expert weights once per pass, the head when it ran
-            + C·kv_per_token / BW                     the KV of every sequence's context C
+            + Σ_l kv_l·S·k_l(C/S) / BW                 the KV of every sequence's context C / S
             + (2·W_body·n + 2·W_head·R·h) / F         their FLOPs
-            + A·(n / sequences)·C / F                 attention's FLOPs over the context
+            + Σ_l A_l·n·k_l(C/S) / F                  attention's FLOPs over the context
             + fixed
+
+k_l(c) is the mean of the keys a query of layer l attends over, c on a full-attention layer, and
+on a layer with a sliding window W the mean of min(k, W) over the key counts k of the row's
+queries, the P·n/S consecutive counts centred on c of its P passes (`moesim.models.window_keys`:
+a ppN test's tokens D + 1 .. D + U·P through the causal mask, a tgN test's contexts D + 1 .. D + N).
 
 t_f(m) is the expert time of the family f the engine's dispatch runs for m tokens (profile
 families, `families.ExpertFamily`), on the features uniform routing gives m tokens in expectation
@@ -69,6 +74,7 @@ class PassRow:
     head_share: float = 1.0
     logit_rows: int = 1
     sequences: int = 1
+    passes: int = 1
     model: str = ""
     device: str = ""
     source_row: int = 0
@@ -114,9 +120,10 @@ class PassRow:
         body = p.non_expert_params_per_token() - head
         per_weight = float(bytes_per_weight(self.dense_format or self.shape.weight_format))
         weight_bytes = (body + self.head_share * head) * per_weight
-        kv = self.context_tokens * p.kv_cache_bytes_per_token(KV_BYTES_PER_ELEMENT)
+        span = self.passes * self.n_tokens / self.sequences  # the key counts of the row's queries (module docstring)
+        kv = p.kv_bytes_read(self.context_tokens, self.sequences, span, KV_BYTES_PER_ELEMENT)
         flops = 2.0 * body * self.n_tokens + 2.0 * head * self.logit_rows * self.head_share
-        attention = p.attention_flops_per_context_token() * self.n_tokens / self.sequences * self.context_tokens
+        attention = p.attention_flops(self.n_tokens, self.context_tokens, self.sequences, span)
         return weight_bytes + kv, flops, attention
 
 
@@ -210,6 +217,7 @@ def pass_rows(frame: pl.DataFrame, dispatches: list[Dispatch], eras: list[str] |
                 head_share=float(record["head_share"]) if record.get("head_share") is not None else 1.0,
                 logit_rows=int(record.get("logit_rows") or 1),
                 sequences=int(record.get("sequences") or 1),
+                passes=int(record.get("passes") or 1),
                 model=str(record.get("model") or ""),
                 device=str(record.get("device") or ""),
                 source_row=int(record.get("source_row") or 0),

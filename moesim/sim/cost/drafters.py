@@ -109,7 +109,7 @@ def dense_model_step_us(
 ) -> float:
     """One decode step of a dense model: its weights read once, its KV read per request, 2·params FLOPs per token."""
     weight_bytes = model.non_expert_bytes_per_token()
-    kv_bytes = batch * context_tokens * model.kv_cache_bytes_per_token(kv_bytes_per_element)
+    kv_bytes = model.kv_bytes_read(batch * context_tokens, batch, bytes_per_element=kv_bytes_per_element)
     flops = 2.0 * batch * model.non_expert_params_per_token()
     return dense_us(weight_bytes + kv_bytes, flops)
 
@@ -164,7 +164,7 @@ class DenseModelDrafter:
         run = dense_us if self.device is None else self.device.dense.time_us
         if self.model.kind != "moe" and rows == requests:
             return float(dense_model_step_us(self.model, rows, context_tokens, run))
-        weight_bytes = self.model.non_expert_bytes_per_token() + requests * context_tokens * self.model.kv_cache_bytes_per_token()
+        weight_bytes = self.model.non_expert_bytes_per_token() + self.model.kv_bytes_read(requests * context_tokens, requests)
         flops = 2.0 * rows * self.model.non_expert_params_per_token()
         if self.model.kind == "moe":
             expert_bytes, expert_flops = routed_step(self.model, rows, len(self.model.moe_layers), self.model.default_format)

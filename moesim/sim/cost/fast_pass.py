@@ -205,14 +205,23 @@ def plus_dense(expert, n_tokens, context_tokens, sequences, dense, comm):  # noq
     weight bytes, KV bytes per token, params, kernels, launch µs, bandwidth GB/s, FLOP coefficient,
     attention priced (1/0), attention FLOPs per context token, attention coefficient, devices,
     fixed µs, engine time priced (1/0: `comm` then holds the collectives plus the engine's time per
-    forward of each pass size)."""
+    forward of each pass size), the number of sliding windows, then per window W, its layers' KV
+    bytes per token and attention FLOPs per context token (the full layers' in the first terms;
+    each sequence's queries at the mean context: `moesim.models.window_keys` of span 1, min(c, W))."""
     weight_bytes, kv, params, kernels = dense[0], dense[1], dense[2], dense[3]
     launch, bandwidth, flop_coefficient = dense[4], dense[5], dense[6]
-    bytes_read = weight_bytes + kv * context_tokens
+    per_sequence = context_tokens / sequences
+    kv_windowed, attention_windowed = 0.0, 0.0
+    for g in range(int(dense[13])):
+        window = dense[14 + 3 * g]
+        keys = per_sequence if per_sequence <= window else window
+        kv_windowed = kv_windowed + dense[15 + 3 * g] * sequences * keys
+        attention_windowed = attention_windowed + dense[16 + 3 * g] * sequences * keys
+    bytes_read = weight_bytes + (kv * context_tokens + kv_windowed)
     flops = 2.0 * params * n_tokens
     total_dense = launch * kernels + bytes_read / (bandwidth * 1e3) + flops * flop_coefficient
     if dense[7]:
-        attention = dense[8] * n_tokens / sequences * context_tokens
+        attention = dense[8] * n_tokens / sequences * context_tokens + attention_windowed * n_tokens / sequences
         total_dense += (attention / dense[10]) * dense[9]
     total = expert + total_dense + dense[11]
     if dense[10] > 1.0 or dense[12]:

@@ -43,7 +43,7 @@ from moesim.errors import ConfigError, InputError
 from moesim.fields import option
 from moesim.hw_profiles.catalog import DeviceSpec, LinkSpec, collective_terms, device_of_profile, link_spec, links
 from moesim.hw_profiles.profile import HardwareProfile
-from moesim.models import ModelPreset
+from moesim.models import AttentionShape, ModelPreset
 
 ACTIVATION_BYTES = 2.0  # bytes per activation element (BF16) exchanged by the collectives
 ALL_REDUCES = ("auto", "nccl", "custom")
@@ -119,20 +119,23 @@ class Parallelism:
             raise ConfigError(f"{preset.experts} experts of '{preset.name}' do not split over {self.devices} expert-parallel devices")
 
     def kv_bytes_per_token(self, preset: ModelPreset, bytes_per_element: float) -> float:
-        """KV-cache bytes one token adds on one device, all layers: MHA/GQA layers hold
-        ⌈KV heads / G⌉ of their heads (at least one), MLA's latent is replicated, linear-attention
-        layers keep no KV."""
+        """KV-cache bytes one token adds on one device, all layers (`layer_kv_bytes`)."""
         if self.devices == 1:
             return preset.kv_cache_bytes_per_token(bytes_per_element)
-        total = 0.0
-        for layer in range(preset.layers):
-            attention = preset.attention_of(layer)
-            per_layer = attention.kv_cache_bytes_per_token(bytes_per_element)
-            if attention.kind in ("mla", "linear"):
-                total += per_layer
-            else:
-                total += per_layer * math.ceil(attention.kv_heads / self.devices) / attention.kv_heads
-        return total
+        return float(sum(self.layer_kv_bytes(preset.attention_of(i), bytes_per_element) for i in range(preset.layers)))
+
+    def kv_bytes_by_window(self, preset: ModelPreset, bytes_per_element: float) -> tuple[tuple[int, float], ...]:
+        """`kv_bytes_per_token` summed over the layers of each sliding window (`ModelPreset.by_window`)."""
+        return preset.by_window(lambda attention: self.layer_kv_bytes(attention, bytes_per_element))
+
+    def layer_kv_bytes(self, attention: AttentionShape, bytes_per_element: float) -> float:
+        """KV-cache bytes one token adds to one layer on one device: MHA/GQA layers hold
+        ⌈KV heads / G⌉ of their heads (at least one), MLA's latent is replicated, linear-attention
+        layers keep no KV."""
+        per_layer = attention.kv_cache_bytes_per_token(bytes_per_element)
+        if self.devices == 1 or attention.kind in ("mla", "linear"):
+            return per_layer
+        return per_layer * math.ceil(attention.kv_heads / self.devices) / attention.kv_heads
 
     def comm_us(self, preset: ModelPreset, n_tokens: np.ndarray | float) -> np.ndarray | float:
         """Collectives of one pass of n tokens: TP: 2 all-reduces per layer; EP: 1 all-reduce per

@@ -28,7 +28,7 @@ from moesim.hw_profiles.families import ExpertFamily, ExpertInputs, LayerSum
 from moesim.hw_profiles.ladder.rungs import RUNGS, worst_rung
 from moesim.hw_profiles.profile import HardwareProfile
 from moesim.kernels.features import RoutingFeatures
-from moesim.models import ExpertShape, ModelPreset, bytes_per_weight
+from moesim.models import ExpertShape, ModelPreset, attention_work, bytes_per_weight, kv_read
 from moesim.sim.cost.fast_pass import PassTables
 from moesim.sim.cost.layer_tables import FamilyTables
 from moesim.sim.cost.parallel import Parallelism
@@ -194,17 +194,23 @@ class StepTimeModel:
         return float(self.profile.dense.time_us(bytes_read, flops))
 
     def dense_loads(
-        self, total_tokens: np.ndarray | float, context_tokens: np.ndarray | float, sequences: np.ndarray | float = 1.0
+        self,
+        total_tokens: np.ndarray | float,
+        context_tokens: np.ndarray | float,
+        sequences: np.ndarray | float = 1.0,
+        span: np.ndarray | float = 1.0,
     ) -> tuple[np.ndarray | float, np.ndarray | float, int, np.ndarray | float | None]:
-        """What a pass's dense part rests on, one device's share: bytes W + kv·context (non-expert
-        weights read once per pass plus every request's KV), FLOPs 2·params·tokens, kernels, and
-        attention's FLOPs a·(tokens / sequences)·context / devices where the profile prices them (else None)."""
-        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        """What a pass's dense part rests on, one device's share: bytes W + KV read (non-expert weights
+        read once per pass plus every request's KV, `kv_read`), FLOPs 2·params·tokens, kernels, and
+        attention's FLOPs (`attention_work`) / devices where the profile prices them (else None); a
+        sliding-window layer reads and attends over its window's keys of each sequence's mean
+        context, the queries' key counts over `span` values (`moesim.models.window_keys`)."""
+        weight_bytes, kv_by_window, params, kernels = self._dense_inputs
         attention = None
         if np.isfinite(self.profile.dense.attention_tflops):
-            flops = self.preset.attention_flops_per_context_token() * total_tokens / sequences * context_tokens
+            flops = attention_work(self.preset.attention_flops_by_window, total_tokens, context_tokens, sequences, span)
             attention = flops / self.parallel.devices
-        return weight_bytes + kv_bytes_per_token * context_tokens, 2.0 * params * total_tokens, kernels, attention
+        return weight_bytes + kv_read(kv_by_window, context_tokens, sequences, span), 2.0 * params * total_tokens, kernels, attention
 
     def dense_parts_us(
         self, total_tokens: np.ndarray, context_tokens: np.ndarray | float, sequences: np.ndarray | float = 1.0
@@ -224,12 +230,12 @@ class StepTimeModel:
         return parts
 
     @cached_property
-    def _dense_inputs(self) -> tuple[float, float, float, int]:
-        """One device's non-expert weight bytes, KV bytes per context token (all layers) and
-        non-expert params (their 1/G share over G tensor-parallel devices), dense kernels per pass."""
+    def _dense_inputs(self) -> tuple[float, tuple[tuple[int, float], ...], float, int]:
+        """One device's non-expert weight bytes, KV bytes per context token (summed over the layers
+        of each window) and non-expert params (their 1/G share over G tensor-parallel devices), dense kernels per pass."""
         p = self.preset
         devices = self.parallel.devices
-        kv = self.parallel.kv_bytes_per_token(p, self.kv_bytes_per_element)
+        kv = self.parallel.kv_bytes_by_window(p, self.kv_bytes_per_element)
         return (
             p.non_expert_bytes_per_token(self.weight_format) / devices,
             kv,
@@ -331,16 +337,19 @@ class StepTimeModel:
         shape, k = self.expert_shape, self.preset.top_k
         families = [self.profile.expert_family(name) for name in self.families]
         kernel_params = [f.compiled_params(shape, k) if f.compiled else None for f in families]  # None: its ladder, never the formula
-        weight_bytes, kv_bytes_per_token, params, kernels = self._dense_inputs
+        weight_bytes, kv_by_window, params, kernels = self._dense_inputs
         dense = self.profile.dense
         attention = bool(np.isfinite(dense.attention_tflops))
+        flops_by_window = self.preset.attention_flops_by_window if attention else tuple((w, 0.0) for w, _ in kv_by_window)
         # µs per FLOP and per attention FLOP: the dense family's time of one FLOP, exactly its coefficient
         terms = [
-            weight_bytes, kv_bytes_per_token, params, float(kernels), dense.launch_us, dense.bandwidth_gbps,
-            float(dense.time_us(0.0, 1.0, 0.0)), float(attention), self.preset.attention_flops_per_context_token() if attention else 0.0,
+            weight_bytes, kv_by_window[0][1], params, float(kernels), dense.launch_us, dense.bandwidth_gbps,
+            float(dense.time_us(0.0, 1.0, 0.0)), float(attention), flops_by_window[0][1],
             float(dense.attention_us(1.0)), float(self.parallel.devices), self.profile.pass_fixed_us,
-            float(self.profile.speculative is not None),
+            float(self.profile.speculative is not None), float(len(kv_by_window) - 1),
         ]  # fmt: skip
+        for (window, kv), (_, flops) in zip(kv_by_window[1:], flops_by_window[1:], strict=True):
+            terms += [float(window), kv, flops]  # the windowed layers (`plus_dense`)
         ready = [self._family_tables(name).cached_sizes() for name in self.families]
         return PassTables(kernel_params, np.array(terms), k, TABLE_AFTER_PASSES, self._pass_choices, ready)
 
@@ -367,11 +376,17 @@ class StepTimeModel:
             tables.add_table(int(f), n_tokens, self.layer_time_table(self.families[f], n_tokens))
 
     def _plus_dense(
-        self, expert_us: float, n_tokens: float, context_tokens: float, sequences: float, logits: tuple[float, float] | None = None
+        self,
+        expert_us: float,
+        n_tokens: float,
+        context_tokens: float,
+        sequences: float,
+        logits: tuple[float, float] | None = None,
+        span: float = 1.0,
     ) -> float:
         """A pass's expert time plus its dense part (attention's FLOPs where the profile prices
-        them), fixed time and, over several devices, collectives; `logits` as `dense_pass_us`."""
-        bytes_read, flops, kernels, attention = self.dense_loads(n_tokens, context_tokens, sequences)
+        them), fixed time and, over several devices, collectives; `logits`, `span` as `dense_pass_us`."""
+        bytes_read, flops, kernels, attention = self.dense_loads(n_tokens, context_tokens, sequences, span)
         if logits is not None:
             head_bytes, head_flops = self._head_saved(n_tokens, *logits)
             bytes_read, flops = bytes_read - head_bytes, flops - head_flops
@@ -384,13 +399,19 @@ class StepTimeModel:
         return total + self.comm_us(n_tokens) if self.parallel.devices > 1 else total
 
     def dense_pass_us(
-        self, n_tokens: float, context_tokens: float, sequences: float = 1.0, logits: tuple[float, float] | None = None
+        self,
+        n_tokens: float,
+        context_tokens: float,
+        sequences: float = 1.0,
+        logits: tuple[float, float] | None = None,
+        span: float = 1.0,
     ) -> float:
         """A pass of a dense target (no experts) of `sequences` requests: dense family + fixed time + collectives.
         `logits` = (head_share, logit_rows): the share of such passes that run the output head and the
         rows it runs on (llama-bench's prompt tests: one head per n_batch chunk, on its last row;
-        `moesim.hw_profiles.importers.rows.prompt_scope`); None: every pass, on every token (decode, verify)."""
-        return self._plus_dense(0.0, n_tokens, context_tokens, sequences, logits)
+        `moesim.hw_profiles.importers.rows.prompt_scope`); None: every pass, on every token (decode, verify).
+        `span`: the consecutive key counts a query's keys run over (`moesim.models.window_keys`; 1: the mean context)."""
+        return self._plus_dense(0.0, n_tokens, context_tokens, sequences, logits, span)
 
     def _head_saved(self, n_tokens: float, head_share: float, logit_rows: float) -> tuple[float, float]:
         """(bytes, FLOPs) the output head does not spend against every pass on every token:

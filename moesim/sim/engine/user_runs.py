@@ -126,8 +126,8 @@ def latency_forward_us(step: DecodeStep, preset: str, weight_format: str, device
     """A batch latency as one decode forward: (latency − (K(prefill) − K(decode))) / output_len."""
     model = forward_model(preset, device_key, weight_format, step.tp)
     prompt, output, batch = float(step.input_len or 0), float(step.output_len or 1), step.batch
-    prefill = model.dense_pass_us(batch * prompt, batch * prompt / 2, batch)
-    decode = model.dense_pass_us(batch, batch * (prompt + output / 2), batch)
+    prefill = model.dense_pass_us(batch * prompt, batch * prompt / 2, batch, span=max(prompt, 1.0))  # the causal prompt's key counts
+    decode = model.dense_pass_us(batch, batch * (prompt + output / 2), batch, span=max(output, 1.0))  # the output's contexts
     return (step.value * 1e6 - (prefill - decode)) / output
 
 

@@ -21,7 +21,12 @@ family's compute; any other such column is left out, and the notes say which ter
 only their sum). A fixed time (per pass or per layer, of a build era) whose rows are all of one
 pass size is left out as well: at one size only the models' different work could tell it from that
 work, and per-format costs confound it (four rows at n = 512 had put a whole 1 s pass into the
-fixed time, 21x off once scaled to another device's sizes); the work there carries it.
+fixed time, 21x off once scaled to another device's sizes); the work there carries it. Except at
+one token: a kernel (or the dense part) timed at one token only does two FLOPs per weight it reads,
+far below every device's ridge point, so its FLOPs ride under its reads. Its FLOP and tile rates
+are left out (the roofline floor still bounds its FLOPs at larger passes), and its fixed time
+stays, to carry what the reads do not take: a vLLM kernel timed at one token had put 77 µs of its
+launch into a 32 TFLOP/s rate, which grew with every token once scaled to another device.
 
 Held-out error: leave one model out when the rows hold two or more, else leave one pass size out
 (a user's single-model run); each split repeats the whole procedure on its training rows.
@@ -150,7 +155,12 @@ def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarr
     for name, column in candidates:
         if not np.any(column):
             continue
-        if term_kind(name) == "time" and "@" in name and len(set(sizes[column != 0].tolist())) < MIN_SIZES:
+        timed_at = set(sizes[column != 0].tolist())
+        one_token = timed_at == {1} and not name.startswith(PASS_FIXED)
+        if one_token and term_kind(name) == "compute":
+            merged.append(f"{describe_term(name, eras)} (timed at one token only: its FLOPs ride under the reads)")
+            continue
+        if term_kind(name) == "time" and "@" in name and len(timed_at) < MIN_SIZES and not one_token:
             merged.append(f"{describe_term(name, eras)} (timed at one pass size only: the work there carries it)")
             continue
         relative = column / measured

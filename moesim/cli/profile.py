@@ -50,8 +50,8 @@ def profile_fit(
         float | None,
         typer.Option(
             help=(
-                "Share of the experts a benchmark's random tokens route to, in (0, 1] (default: the one of 1, 0.7, 0.5, 0.4 "
-                "whose fit has the least held-out error on the run's own rows; 1: all)."
+                "Share of the experts a benchmark's random tokens route to, in (0, 1] (default: chosen among 1, 0.7, 0.5, 0.4 "
+                "by the run's own held-out error, every expert unless a smaller share clearly fits better; 1: all)."
             )
         ),
     ] = None,

@@ -45,6 +45,16 @@ class Series:
         options = ImportOptions(filters=(f"device={self.device}", f"model={self.model}"))
         return choose_variant(FOLDER / self.file, None, options)[0]
 
+    def rows(self) -> pl.DataFrame:
+        """The series' rows by pass size."""
+        return import_table(FOLDER / self.file, None, self.options)[1].sort("n_tokens")
+
+    def label(self) -> str:
+        """Device, model, weight format and the microbatch sizes."""
+        rows = self.rows()
+        sizes = sorted({rows["n_tokens"].min(), rows["n_tokens"].max()})
+        return f"{self.device}, {self.model} {rows['dtype'][0]}, microbatch {'–'.join(map(str, sizes))}"
+
 
 SERIES = (
     Series("llama.cpp-pr15631-fuse-adds.md", "P40", "qwen3-30b-a3b", "nvidia-p40-llamacpp"),
@@ -68,8 +78,7 @@ def _pct(values: np.ndarray) -> str:
 
 def _half_file(series: Series, keep: set[int], folder: Path) -> Path:
     """The stored file without the series' rows outside `keep` (line numbers): a user's run of half the sizes."""
-    _, frame = import_table(FOLDER / series.file, None, series.options)
-    dropped = set(frame["source_row"].to_list()) - keep
+    dropped = set(series.rows()["source_row"].to_list()) - keep
     lines = (FOLDER / series.file).read_text().splitlines(keepends=True)
     path = folder / series.file
     path.write_text("".join(line for number, line in enumerate(lines, 1) if number not in dropped))
@@ -81,7 +90,7 @@ def main() -> None:
     print("| series | profile | rows | time per pass: median / max \\|error\\| % | T(n)/T(n0): median / max % |")
     print("|---|---|---|---|---|")
     for series in SERIES:
-        label = f"{series.device}, {series.model} ({series.file})"
+        label = series.label()
         if series.builtin is None:
             print(f"| {label} | none for this device and engine | – | – | – |")
             continue
@@ -97,10 +106,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     halves: list[tuple[float, float]] = []
     for series in SERIES:
-        _, frame = import_table(FOLDER / series.file, None, series.options)
-        frame = frame.sort("n_tokens")
+        frame = series.rows()
         if frame.height < 4:
-            print(f"| {series.device}, {series.model} | – | – | – | {frame.height} sizes: too few to halve | – |")
+            print(f"| {series.label()} | – | – | – | too few sizes to halve ({frame.height}) | – |")
             continue
         for first in (0, 1):
             fitted, held = frame[first::2], frame[1 - first :: 2]
@@ -113,7 +121,7 @@ def main() -> None:
             sizes = [",".join(str(n) for n in part["n_tokens"].to_list()) for part in (fitted, held)]
             cells = " | ".join(f"{np.median(e):.1f} / {np.max(e):.1f}" for e in errors)
             limits = f"{chosen.learned_limit} ({chosen.source_limit})"
-            print(f"| {series.device}, {series.model} | {sizes[0]} | {sizes[1]} | {limits} | {chosen.share.share:g}, {cells} |")
+            print(f"| {series.label()} | {sizes[0]} | {sizes[1]} | {limits} | {chosen.share.share:g}, {cells} |")
     within = [sum(1 for h in halves if h[i] <= WITHIN) for i in (0, 1)]
     medians = [np.median([h[i] for h in halves]) for i in (0, 1)]
     print(

@@ -38,6 +38,8 @@ _RECIPES: dict[str, tuple[str, str]] = {
     "q4_k - medium": ("Q4_K", "Q4_K"),
     "q2_k_m": ("Q2_K", "Q2_K"),
     "q2_k - medium": ("Q2_K", "Q2_K"),
+    "q3_k_s": ("Q3_K", "Q3_K"),
+    "q3_k - small": ("Q3_K", "Q3_K"),
     "mxfp4 moe": ("MXFP4", "Q8_0"),
     "4-bit affine g64": ("AFFINE4", "AFFINE4"),
     "affine 4-bit g64": ("AFFINE4", "AFFINE4"),

@@ -10,8 +10,9 @@ one model out on a device with two or more models, else leave one pass size out:
 the larger share on a tie. bench/validate_engine_transfer.py prints the choice made on all rows
 and, nested, the choice made without the rows it is judged on: the nested choice predicts held-out
 models worse than routing over every expert (ρ = 1), so no built-in ships one
-(`engine_builtins.BENCH_ROUTED_SHARE` is empty; `profile fit --routed-share` sets one for a user's
-run).
+(`engine_builtins.BENCH_ROUTED_SHARE` is empty). A user's run chooses its own among
+`ROUTED_SHARES` by its own held-out error (`bench_fit`, with a margin: `least_error`), or takes
+one from `profile fit --routed-share`.
 """
 
 from __future__ import annotations

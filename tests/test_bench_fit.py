@@ -134,6 +134,8 @@ def test_a_compare_table_fits_without_flags_and_validates(tmp_path: Path, cli) -
     assert code == 0, err
     checked = json.loads(stdout)
     assert checked["predicted_rows"] == checked["rows"] == len(SIZES) and checked["median_abs_pct_error"] < 1.0
+    # the rows a profile was fitted on are never beyond its calibrated range
+    assert checked["extrapolated_rows"] == 0 and {r["extrapolated_x"] for r in checked["rows_predicted"]} == {1.0}
     code, stdout, _ = cli("validate", run, "--profile", tmp_path / "pr.toml", "--filter", "variant=master", "--out", tmp_path / "v")
     assert code == 0 and (tmp_path / "v" / "predictions.parquet").is_file()
     worse = float(" ".join(stdout.split()).split("p90 ")[1].split(" %")[0])

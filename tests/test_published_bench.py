@@ -4,9 +4,12 @@ in both builds of the table; and every stored table is described there."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import REPO
 
+from moesim.hw_profiles import load_profile
 from moesim.hw_profiles.catalog import lookup_device
 from moesim.hw_profiles.importers import ImportOptions, choose_variant, import_table
 from moesim.hw_profiles.importers.names import resolve_formats
@@ -52,3 +55,18 @@ def test_every_stored_table_is_described_and_judged() -> None:
 @pytest.mark.parametrize("name", ["Q3_K_S", "Q3_K - Small", "q3_k_s"])
 def test_llama_cpp_small_recipe_is_q3_k(name: str) -> None:
     assert resolve_formats(name, "here") == ("Q3_K", "Q3_K")
+
+
+def test_rows_beyond_a_profiles_range_are_flagged(cli) -> None:  # type: ignore[no-untyped-def]
+    """The P40 built-in was fitted on passes of at most 128 tokens: each published row's factor is at
+    least its pass size over that bound (the factor is the largest ratio over the family's inputs),
+    and validate counts and says the rows beyond."""
+    code, stdout, err = cli("validate", FOLDER / PR15631, "--profile", "nvidia-p40-llamacpp", "--filter", "device=P40", "--json")
+    assert code == 0, err
+    checked = json.loads(stdout)
+    high = load_profile("nvidia-p40-llamacpp").expert_family("dedup_mmq").calibrated_range.bounds["n_tokens"][1]
+    rows = checked["rows_predicted"]
+    assert all(r["extrapolated_x"] >= max(1.0, r["n_tokens"] / high) * (1 - 1e-12) for r in rows)
+    assert checked["extrapolated_rows"] == sum(r["extrapolated_x"] > 1 + 1e-9 for r in rows) > 0
+    code, stdout, err = cli("validate", FOLDER / PR15631, "--profile", "nvidia-p40-llamacpp", "--filter", "device=P40")
+    assert code == 0 and f"{checked['extrapolated_rows']} of them lie beyond the calibrated range" in " ".join(stdout.split()), err

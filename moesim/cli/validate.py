@@ -99,6 +99,7 @@ def _validate_bench_outputs(
     from moesim.cli.render import print_json
     from moesim.cli.rerun import command_config
     from moesim.hw_profiles import load_profile
+    from moesim.hw_profiles.families import EXTRAPOLATION_TOLERANCE
     from moesim.hw_profiles.fitting.bench_fit import check_bench_output, check_measurement_table, is_measurement_table
     from moesim.hw_profiles.importers import ImportOptions
     from moesim.tomlfile import RUN_CONFIG, toml_document
@@ -115,12 +116,15 @@ def _validate_bench_outputs(
     ]
     table = pl.concat(tables)
     errors = np.abs(np.concatenate([c.errors() for c in checks]))
+    beyond = table["extrapolated_x"].drop_nulls()
+    beyond = beyond.filter(beyond > 1 + EXTRAPOLATION_TOLERANCE)
     summary = {
         "profile": loaded.name,
         "rows": table.height,
         "predicted_rows": int(errors.size),
         "median_abs_pct_error": float(100 * np.median(errors)) if errors.size else None,
         "p90_abs_pct_error": float(100 * np.quantile(errors, 0.9)) if errors.size else None,
+        "extrapolated_rows": beyond.len(),
     }
     if out is not None:
         with output_dir(out, force) as staging:
@@ -140,6 +144,12 @@ def _validate_bench_outputs(
             f"p90 {summary['p90_abs_pct_error']:.1f} %",
             markup=False,
         )
+        if beyond.len():
+            console.print(
+                f"{beyond.len()} of them lie beyond the calibrated range of the family they run (up to x{beyond.max():.3g} in "
+                "pass size, experts or shape: extrapolated_x): priced by extrapolation",
+                markup=False,
+            )
     else:
         console.print(f"none of the {table.height} rows is priced: the families they dispatch are not in {loaded.name}", markup=False)
     if out is not None:

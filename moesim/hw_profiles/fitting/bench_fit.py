@@ -53,7 +53,7 @@ from moesim.hw_profiles.fitting.engine_builtins import _assumed_dense, device_fa
 from moesim.hw_profiles.fitting.engine_fit import EngineFit, ProfileFrame, fit_coefficients, fit_engine, predict_rows
 from moesim.hw_profiles.fitting.engine_validation import switches
 from moesim.hw_profiles.fitting.pooled.routing_share import ROUTED_SHARES, fit_errors, least_error, median_error
-from moesim.hw_profiles.fitting.whole_pass import PassRow, pass_rows, predict_us, predicts
+from moesim.hw_profiles.fitting.whole_pass import PassRow, extrapolation_x, pass_rows, predict_us, predicts
 from moesim.hw_profiles.importers import ImportOptions, choose_variant, import_table
 from moesim.hw_profiles.measurements.table import DISPATCH_KERNEL, load_measurements
 from moesim.hw_profiles.profile import HardwareProfile
@@ -309,11 +309,12 @@ class BenchCheck:
 def predicted_rows(frame: pl.DataFrame, profile: HardwareProfile) -> pl.DataFrame:
     """Each row of a measurement table priced by an engine profile (its dispatch; null where the
     family it dispatches was not calibrated): tokens per pass, model, test, family, measured,
-    predicted, error."""
+    predicted, error, and how far the row lies beyond its family's calibrated range (1 inside)."""
     if profile.dispatch is None:
         raise InputError(f"profile '{profile.name}' has no engine dispatch: a benchmark's whole passes need an engine profile")
     rows = pass_rows(frame, [profile.dispatch] * frame.height, share=profile.bench_routed_share)
     predicted = [predict_us(row, profile) if predicts(row, profile) else None for row in rows]
+    beyond = [extrapolation_x(row, profile) if p is not None else None for row, p in zip(rows, predicted, strict=True)]
     measured = [row.time_us for row in rows]
     return pl.DataFrame(
         {
@@ -324,8 +325,9 @@ def predicted_rows(frame: pl.DataFrame, profile: HardwareProfile) -> pl.DataFram
             "measured_ms": [m / 1e3 for m in measured],
             "predicted_ms": [None if p is None else p / 1e3 for p in predicted],
             "error_%": [None if p is None else 100 * (p / m - 1) for p, m in zip(predicted, measured, strict=True)],
+            "extrapolated_x": beyond,
         },
-        schema_overrides={"predicted_ms": pl.Float64, "error_%": pl.Float64},
+        schema_overrides={"predicted_ms": pl.Float64, "error_%": pl.Float64, "extrapolated_x": pl.Float64},
     )
 
 

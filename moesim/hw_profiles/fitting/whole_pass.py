@@ -180,6 +180,14 @@ def predict_us(row: PassRow, profile: HardwareProfile) -> float:
     return total + float(dense.time_us(weight_bytes, flops, 0.0)) + float(dense.attention_us(attention)) + profile.pass_fixed_us
 
 
+def extrapolation_x(row: PassRow, profile: HardwareProfile) -> float:
+    """How far the row's main layers lie beyond their family's calibrated range: max over its inputs
+    of max(x / high, low / x), 1 inside (`families.CalibratedRange.factor`)."""
+    family = profile.expert_family(run_family(row, row.n_tokens, profile.expert_families))
+    features = uniform_features(row.n_tokens, row.experts, row.top_k, row.routed_share)
+    return float(family.extrapolation_factor(features, row.shape))
+
+
 def predicted_by_era(rows: Sequence[PassRow], profile_at: Callable[[str], HardwareProfile]) -> np.ndarray:
     """Each row's `predict_us` by its era's profile (`profile_at(era)`, built once an era); NaN where
     that profile lacks the row's family."""

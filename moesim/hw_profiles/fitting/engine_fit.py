@@ -25,7 +25,7 @@ fixed time, 21x off once scaled to another device's sizes); the work there carri
 one token: a kernel (or the dense part) timed at one token only does two FLOPs per weight it reads,
 far below every device's ridge point, so its FLOPs ride under its reads. Its FLOP and tile rates
 are left out (the roofline floor still bounds its FLOPs at larger passes), and its fixed time
-stays, to carry what the reads do not take: a vLLM kernel timed at one token had put 77 µs of its
+stays, to carry what the reads do not take: a vLLM kernel timed at one token had put 11 µs of its
 launch into a 32 TFLOP/s rate, which grew with every token once scaled to another device.
 
 Held-out error: leave one model out when the rows hold two or more, else leave one pass size out

@@ -19,12 +19,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moesim.hw_profiles.fitting.engine_builtins import PUBLIC_TABLE, recipe_rows
-from moesim.hw_profiles.fitting.engine_validation import all_recipes, ratio_errors
+from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors
 from moesim.hw_profiles.fitting.pooled.data_limits import (
     build_shape_spread,
     build_spread,
     interior,
     leave_one_size_out,
+    model_out_seen,
     repeat_spread,
     represented,
 )
@@ -37,6 +38,12 @@ def _line(name: str, errors: np.ndarray) -> str:
         return f"| {name} | 0 | – |"
     stats = ErrorStats.from_errors(errors)
     return f"| {name} | {stats.rows} | {100 * stats.median:.1f} / {100 * stats.p90:.1f} |"
+
+
+def _cells(judged: Judged) -> str:
+    errors = np.abs(judged.errors())
+    errors = errors[np.isfinite(errors)]
+    return f"{100 * np.median(errors):.1f} %" if errors.size else "–"
 
 
 def main() -> None:
@@ -62,6 +69,29 @@ def main() -> None:
         kept_all, total_all = kept_all + kept, total_all + total
         print(f"| {item.name} | {total} | {kept} |")
     print(f"| all | {total_all} | {kept_all} |")
+
+    print("\n#### Leave one model out by what the fit saw of each held-out row\n")
+    print("(oracle: a row of a build no other model ran, priced at that build's own fixed times, fitted on all rows: not held-out)\n")
+    print("| held-out rows | rows | as shipped: median / p90 % | oracle: median / p90 % |")
+    print("|---|---|---|---|")
+    splits = [found for item in all_recipes() if (found := model_out_seen(item)) is not None]
+    plain = np.concatenate([s.judged.errors() for s in splits])
+    oracle = np.concatenate([s.oracle.errors() for s in splits])
+    build = np.concatenate([s.build_seen for s in splits])
+    weight = np.concatenate([s.format_seen for s in splits])
+    for name, keep in (
+        ("build seen, format seen", build & weight),
+        ("build seen, format unseen", build & ~weight),
+        ("build unseen, format seen", ~build & weight),
+        ("build unseen, format unseen", ~build & ~weight),
+        ("all", np.ones_like(build)),
+    ):
+        cells = [_line("", e[keep]).split(" | ", 2)[2].rstrip(" |") for e in (plain, oracle)]
+        print(f"| {name} | {int((keep & np.isfinite(plain)).sum())} | {' | '.join(cells)} |")
+    shapes = [np.concatenate([ratio_errors(getattr(s, kind)) for s in splits]) for kind in ("judged", "oracle")]
+    print(_line("T(n)/T(n0), as shipped", shapes[0]))
+    print(_line("T(n)/T(n0), oracle", shapes[1]))
+    print("\nPer device (as shipped · oracle): " + "; ".join(f"{s.judged.target} {_cells(s.judged)} · {_cells(s.oracle)}" for s in splits))
 
     print("\n#### Leave one pass size out on every device with three or more sizes\n")
     print("| device | rows | time per pass: median / p90 % | interior sizes: median / p90 % | T(n)/T(n0): median / p90 % |")

@@ -31,6 +31,7 @@ from moesim.hw_profiles.fitting.engine_builtins import BENCH_ROUTED_SHARE, PUBLI
 from moesim.hw_profiles.fitting.engine_validation import Judged, all_recipes, ratio_errors, series_of
 from moesim.hw_profiles.fitting.engine_validation import leave_one_device_out as scaled_out
 from moesim.hw_profiles.fitting.engine_validation import leave_one_model_out as own_lomo
+from moesim.hw_profiles.fitting.pooled.data_limits import with_fixed_times
 from moesim.hw_profiles.fitting.pooled.pool_validation import (
     engine_parts,
     leave_one_device_out,
@@ -66,15 +67,6 @@ def _cells(judged: Judged | None) -> str:
         return "– | – | –"
     errors = judged.errors()
     return f"{int(np.isfinite(errors).sum())}/{len(errors)} | {_pct(errors)} | {_pct(ratio_errors(judged))}"
-
-
-def _with_fixed_times(profile: HardwareProfile, other: HardwareProfile) -> HardwareProfile:
-    """The profile with the other's fixed times: per pass, and per layer of each family both have."""
-    families = {
-        name: dataclasses.replace(family, fixed_us=other.expert_families[name].fixed_us) if name in other.expert_families else family
-        for name, family in profile.expert_families.items()
-    }
-    return dataclasses.replace(profile, expert_families=families, pass_fixed_us=other.pass_fixed_us)
 
 
 def _medians(found: list[Judged]) -> str:
@@ -222,7 +214,7 @@ def main() -> None:
     seen = np.array([(r.model in ran[j.source][0], r.era in ran[j.source][1]) for j in today_like for r in j.rows])
     print(f"Like pairs' target rows of a model the source ran: {seen[:, 0].sum()} of {len(seen)}; of a build it ran: {seen[:, 1].sum()}.")
     oracle = [
-        scaled_out(t, s, dataclasses.replace(fits[s.name], profile=_with_fixed_times(fits[s.name].profile, fits[t.name].profile)))
+        scaled_out(t, s, dataclasses.replace(fits[s.name], profile=with_fixed_times(fits[s.name].profile, fits[t.name].profile)))
         for t, s in ((by_name[j.target].recipe, by_name[j.source].recipe) for j in today_like)
     ]
     print(f"Like pairs with the target's own fitted fixed times (an oracle on the judged rows, not held-out): {_medians(oracle)}.")

@@ -21,6 +21,7 @@ from moesim.hw_profiles.fitting.pooled.data_limits import (
     build_spread,
     interior,
     leave_one_size_out,
+    model_out_seen,
     repeat_spread,
     represented,
 )
@@ -226,6 +227,22 @@ def test_leave_one_size_out_predicts_every_size_of_a_device_and_tells_interior_s
     assert judged is not None and np.isfinite(judged.predicted_us).all()
     assert [r.n_tokens for r, inside in zip(judged.rows, interior(judged), strict=True) if inside] == [512, 1024]
     assert not np.allclose(judged.predicted_us, fit_recipe(item).in_sample_us)  # not the in-sample fit
+
+
+def test_leave_one_model_out_by_what_the_fit_saw_is_the_built_ins_split_and_its_oracle_touches_only_unseen_builds() -> None:
+    """The MI100's two models ran two builds and two formats: no held-out row has its build or format
+    in the other model's rows. The plain split is the profile's own held-out error, row for row; the
+    oracle (the unseen build at its own fixed times, fitted on both models' rows) moves every row."""
+    item = next(i for i in all_recipes() if i.name == "amd-mi100-hip")
+    found = model_out_seen(item)
+    assert found is not None and not found.build_seen.any() and not found.format_seen.any()
+    np.testing.assert_allclose(found.judged.predicted_us, fit_recipe(item).heldout_us)
+    assert (found.oracle.predicted_us != found.judged.predicted_us).all()
+    rtx = model_out_seen(next(i for i in all_recipes() if i.name == "nvidia-rtx-3090-llamacpp"))
+    assert rtx is not None and rtx.build_seen.any() and (~rtx.build_seen).any()
+    seen = rtx.build_seen & np.isfinite(rtx.judged.predicted_us)
+    np.testing.assert_array_equal(rtx.oracle.predicted_us[seen], rtx.judged.predicted_us[seen])  # a build the fit ran keeps its times
+    assert model_out_seen(next(i for i in all_recipes() if i.name == "nvidia-p40-llamacpp")) is None  # one model
 
 
 def test_tokens_routed_over_a_share_of_the_experts_touch_what_sampling_them_touches() -> None:

@@ -16,20 +16,40 @@ Two come from the fit: leave one pass size out on every device (the device's row
 predicted by its fit over its other sizes: what the model gets from sizes it did not see, with
 their build and format in the fit), and whether leave one model out leaves in the fit any row of
 the held-out model's build and weight format (`represented`).
+
+One splits leave one model out by what the fit saw of each held-out row (`model_out_seen`): its
+build, its weight format, both or neither in the other models' rows; and judges the same split
+once more with an oracle, the held-out rows' unseen build priced at its own fixed times (per pass
+and per layer, from the fit on all the device's rows, `with_fixed_times`). The oracle is not a
+held-out figure: those fixed times are fitted on the judged rows, the only rows of their build. It
+says how much of the error is the build the fit never saw, and how much the curves, the formats
+and the models.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
 from itertools import combinations
 
 import numpy as np
 
-from moesim.hw_profiles.engines import ENGINES
+from moesim.hw_profiles.engines import ENGINES, Engine
 from moesim.hw_profiles.fitting.engine_builtins import Recipe, profile_frame, recipe_rows
-from moesim.hw_profiles.fitting.engine_fit import heldout_predictions
+from moesim.hw_profiles.fitting.engine_fit import (
+    Coefficients,
+    ProfileFrame,
+    fit_coefficients,
+    heldout_predictions,
+    predict_rows,
+    profile_of,
+)
 from moesim.hw_profiles.fitting.engine_validation import Judged
+from moesim.hw_profiles.fitting.whole_pass import PassRow, predicted_by_era
+from moesim.hw_profiles.profile import HardwareProfile
 
 _SPREAD = re.compile(r"±\s*([0-9.]+)")
 _CONFIG = ("device", "backend", "model", "quant", "test")
@@ -107,3 +127,72 @@ def interior(judged: Judged) -> np.ndarray:
     for r in judged.rows:
         spans.setdefault((r.model, r.era), []).append(r.n_tokens)
     return np.array([min(spans[(r.model, r.era)]) < r.n_tokens < max(spans[(r.model, r.era)]) for r in judged.rows])
+
+
+def with_fixed_times(profile: HardwareProfile, other: HardwareProfile) -> HardwareProfile:
+    """The profile with the other's fixed times: per pass, and per layer of each family both have."""
+    families = {
+        name: dataclasses.replace(family, fixed_us=other.expert_families[name].fixed_us) if name in other.expert_families else family
+        for name, family in profile.expert_families.items()
+    }
+    return dataclasses.replace(profile, expert_families=families, pass_fixed_us=other.pass_fixed_us)
+
+
+@dataclass(frozen=True)
+class ModelOut:
+    """Leave one model out on one device, with what the fit saw of each held-out row."""
+
+    judged: Judged  # as the built-ins' held-out error: a fit without the model's rows
+    oracle: Judged  # the same, a row of an unseen build at that build's own fixed times (fitted on all rows)
+    build_seen: np.ndarray  # per row: another model of the device ran its build
+    format_seen: np.ndarray  # per row: another model of the device ran its weight format
+
+
+@dataclass(frozen=True)
+class Fits:
+    """A fit without the judged rows, and the fit on all of them."""
+
+    train: list[PassRow]
+    fitted: Coefficients
+    rows: list[PassRow]
+    everything: Coefficients
+
+
+def _own_fixed_times(fits: Fits, engine: Engine, frame: ProfileFrame, era: str) -> HardwareProfile:
+    """The training fit's profile of a build era; of an era the training rows lack, at that era's own
+    fixed times (the fit on all rows)."""
+    profile = profile_of(fits.train, engine, fits.fitted, dataclasses.replace(frame, era=era), {})
+    if any(r.era == era for r in fits.train):
+        return profile
+    return with_fixed_times(profile, profile_of(fits.rows, engine, fits.everything, dataclasses.replace(frame, era=era), {}))
+
+
+def model_out_seen(item: Recipe) -> ModelOut | None:
+    """Leave one model out on the recipe's device (None where it has one model), plain and with the
+    unseen build's fixed times as an oracle (`ModelOut`)."""
+    rows = recipe_rows(item)
+    models = [r.model for r in rows]
+    if len(set(models)) < 2:
+        return None
+    engine, frame = ENGINES.create(item.engine), profile_frame(item)
+    everything = fit_coefficients(rows, engine, frame.roofline)
+    plain, oracle = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+    build_seen, format_seen = np.zeros(len(rows), bool), np.zeros(len(rows), bool)
+    for model in dict.fromkeys(models):
+        held = np.array([m == model for m in models])
+        train = [r for r, h in zip(rows, held, strict=True) if not h]
+        judged = [r for r, h in zip(rows, held, strict=True) if h]
+        fitted = fit_coefficients(train, engine, frame.roofline)
+        eras, formats = {r.era for r in train}, {r.shape.weight_format for r in train}
+        build_seen[held] = [r.era in eras for r in judged]
+        format_seen[held] = [r.shape.weight_format in formats for r in judged]
+        plain[held] = predict_rows(judged, train, engine, fitted, frame)
+
+        oracle[held] = predicted_by_era(judged, partial(_own_fixed_times, Fits(train, fitted, rows, everything), engine, frame))
+    label = "same device, other models"
+    return ModelOut(
+        Judged(item.name, "leave one model out", label, rows, plain),
+        Judged(item.name, "leave one model out, the unseen build's own fixed times", label, rows, oracle),
+        build_seen,
+        format_seen,
+    )

@@ -3,6 +3,8 @@ shared public table (`data/public-bench/moe_pass_times.csv`, run from the reposi
 calibrated ones (`engine_builtins.RECIPES`) and those scaled from them (`engine_builtins.SCALED`),
 each scaled one stating the transfer uncertainty that held-out devices of its engine show
 (`pooled.pool_validation.pair_bounds`: the largest p90 error between devices as alike as it and its base).
+A calibrated family whose rows gave no FLOP rate is floored at the rate its engine reaches on the
+other devices (`pooled.engine_pool.engine_floors`); the transfer bounds are those of the fits without it.
 Tests check the shipped files are current. The H200 lab profile is refitted by the command in
 docs/profiles.md."""
 
@@ -24,7 +26,7 @@ from moesim.hw_profiles.schema import profile_to_toml
 
 
 def engine_builtins(table: Path = PUBLIC_TABLE) -> tuple[dict[str, HardwareProfile], dict[str, EngineFit]]:
-    """Every engine built-in by name, and the fits of the calibrated ones."""
+    """Every engine built-in by name, and the fits of the calibrated ones (their profiles without the engine's FLOP floors)."""
     fits = {item.name: fit_recipe(item, table) for item in RECIPES}
     profiles = {}
     for item in RECIPES:  # a family whose rows gave no FLOP rate takes the rate the engine reaches on its other devices

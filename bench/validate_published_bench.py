@@ -7,11 +7,15 @@ Per stored series: (a) the built-in profile of its device and engine against eve
 validate` does (`check_bench_output`): median / max |error| of the time per pass and of T(n)/T(n0)
 within the series; (b) a user's run: `profile fit` on every other pass size (both ways), the other
 half predicted, at the routed share the fitted half chose and at every expert (share 1), with the
-per-slot limit it kept against the engine source's. Errors in %.
+per-slot limit it kept against the engine source's; (c) where a built-in's family has the FLOP rate
+its engine reaches on other devices as a floor (`floor_tflops`), the series with and without it, per
+pass size. Errors in %.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from moesim.hw_profiles.builtin import load_profile
 from moesim.hw_profiles.fitting.bench_fit import check_bench_output, fit_bench_output, predicted_rows
 from moesim.hw_profiles.importers import ImportOptions, choose_variant, import_table
+from moesim.hw_profiles.profile import HardwareProfile
 
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "validation" / "llama-bench-published"
 WITHIN = 5.0  # the acceptance: a half predicted within 5 % at the median
@@ -85,6 +90,32 @@ def _half_file(series: Series, keep: set[int], folder: Path) -> Path:
     return path
 
 
+def _without_floors(profile: HardwareProfile) -> HardwareProfile:
+    """The profile as fitted on its own rows alone: no family floored at its engine's FLOP rate."""
+    families = {name: dataclasses.replace(family, floor_tflops=math.inf) for name, family in profile.expert_families.items()}
+    return dataclasses.replace(profile, expert_families=families)
+
+
+def floor_tables() -> None:
+    """(c): each series whose built-in floors a family at its engine's FLOP rate, with and without that floor."""
+    print("\n#### The engine's FLOP rate as a floor: each row without it and with it\n")
+    for series in SERIES:
+        profile = load_profile(series.builtin) if series.builtin else None
+        floors = {n: f.floor_tflops for n, f in profile.expert_families.items() if f.floor_tflops < math.inf} if profile else {}
+        if not floors:
+            continue
+        rates = ", ".join(f"{name} {rate:.3g} TFLOP/s" for name, rate in floors.items())
+        checks = [check_bench_output(FOLDER / series.file, p, series.options) for p in (_without_floors(profile), profile)]
+        print(f"{series.label()}, `{series.builtin}` (floor: {rates}):\n")
+        print("| n | measured ms | without floor: ms, error % | with floor: ms, error % |")
+        print("|---|---|---|---|")
+        before, after = (c.table.sort("n_tokens") for c in checks)
+        for old, new in zip(before.iter_rows(named=True), after.iter_rows(named=True), strict=True):
+            cells = " | ".join(f"{r['predicted_ms']:.1f}, {r['error_%']:+.1f}" for r in (old, new))
+            print(f"| {old['n_tokens']} | {old['measured_ms']:.1f} | {cells} |")
+        print(f"\nmedian / max |error| %: {_pct(checks[0].errors())} without the floor, {_pct(checks[1].errors())} with it\n")
+
+
 def main() -> None:
     print("#### The built-in profiles against every row of the published series\n")
     print("| series | profile | rows | time per pass: median / max \\|error\\| % | T(n)/T(n0): median / max % |")
@@ -128,6 +159,7 @@ def main() -> None:
         f"\nHalves within {WITHIN:g} % at the median: chosen share {within[0]} of {len(halves)}, every expert {within[1]}; "
         f"median over the halves {medians[0]:.1f} % (chosen) / {medians[1]:.1f} % (every expert)."
     )
+    floor_tables()
 
 
 if __name__ == "__main__":

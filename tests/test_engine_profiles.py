@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,8 @@ def test_every_engine_builtin_obeys_physics() -> None:
             assert family.hbm_bandwidth_gbps <= peak * (1 + 1e-12), (name, family.name)  # no family below the roofline floor
             assert all(rate <= peak * (1 + 1e-12) for rate in family.format_bandwidth_gbps.values())
             assert family.heldout_error.epsilon > 0 and family.provenance.problem() is None
+            if family.floor_tflops < math.inf:  # an engine's FLOP rate only where the family has none, and below the peak
+                assert all(math.isinf(rate) for rate in family.compute_tflops) and family.floor_tflops < profile.roofline.peak_tflops
         assert profile.dense.bandwidth_gbps <= peak * (1 + 1e-12)
         formats = sorted({fmt for rule in profile.dispatch.rules for fmt in rule.formats} or {"BF16"})
         for preset_name, fmt in [(p, f) for p in builtin_presets("moe") for f in formats]:

@@ -25,7 +25,8 @@ v is the kernel variant (the smallest tile width ≥ min(c, T)); tok·chunks·(h
 path of one warp (the tokens of the busiest expert along one gate/up and one down row). Every
 coefficient is ≥ 0; a rate of inf means its term costs nothing. Beyond the calibrated range the
 same terms are evaluated (they are linear in bytes, flops and counts: an effective roofline with
-the calibrated rates) and the time never drops below the device roofline.
+the calibrated rates) and the time never drops below the device roofline, whose FLOP ceiling is,
+for a family whose rows never separated its FLOP rate, the rate the engine reaches (`floor_tflops`).
 """
 
 from __future__ import annotations
@@ -57,9 +58,14 @@ class Roofline:
     peak_bandwidth_gbps: float
     peak_tflops: float
 
-    def floor_us(self, bytes_read: np.ndarray, flops: np.ndarray) -> np.ndarray:
-        """Roofline time = max(bytes / peak bandwidth, flops / peak FLOP/s)."""
-        return np.maximum(np.asarray(bytes_read) / (self.peak_bandwidth_gbps * 1e3), np.asarray(flops) / (self.peak_tflops * 1e6))
+    def ceiling_tflops(self, reached_tflops: float = math.inf) -> float:
+        """FLOP ceiling = min(peak FLOP/s, the FLOP rate the engine reaches)."""
+        return min(self.peak_tflops, reached_tflops)
+
+    def floor_us(self, bytes_read: np.ndarray, flops: np.ndarray, reached_tflops: float = math.inf) -> np.ndarray:
+        """Roofline time = max(bytes / peak bandwidth, flops / min(peak FLOP/s, the FLOP rate the engine reaches))."""
+        ceiling = self.ceiling_tflops(reached_tflops) * 1e6
+        return np.maximum(np.asarray(bytes_read) / (self.peak_bandwidth_gbps * 1e3), np.asarray(flops) / ceiling)
 
 
 @dataclass(frozen=True)
@@ -95,17 +101,9 @@ class ExpertStructure:
         elif self.tokens_per_read == 0:
             text = "one read per distinct expert"
         else:
-            tiles = "/".join(str(v) for v in self.variants)
-            text = f"one read per {self.tokens_per_read} tokens of an expert, tile variants {tiles}"
-        extras = [
-            label
-            for flag, label in (
-                (self.reuse_distance, "cache hits by re-read distance"),
-                (self.reread_rate, "re-reads at their own rate"),
-                (self.variant_terms, "a bytes rate and a per-row cost per variant"),
-            )
-            if flag
-        ]
+            text = f"one read per {self.tokens_per_read} tokens of an expert, tile variants {'/'.join(map(str, self.variants))}"
+        flags = ((self.reuse_distance, "cache hits by re-read distance"), (self.reread_rate, "re-reads at their own rate"))
+        extras = [label for flag, label in (*flags, (self.variant_terms, "a bytes rate and a per-row cost per variant")) if flag]
         return text + "".join(f"; {label}" for label in extras)
 
 
@@ -288,6 +286,7 @@ class ExpertFamily:
     rung_errors: RungErrors | None = None
     pass_transfer: PassTransfer | None = None
     fit_weight: float = 1.0  # a shape fit: the weight of its shape's rows
+    floor_tflops: float = math.inf  # the engine's FLOP rate for the family on this device, where its rows gave none: the roofline's ceiling
 
     def for_format(self, weight_format: str) -> ExpertFamily:
         """The family as it runs weights of a format: a format with its own effective bandwidth
@@ -314,6 +313,7 @@ class ExpertFamily:
             "cache_bandwidth_gbps": self.cache_bandwidth_gbps,
             "cache_bytes": self.cache_bytes,
             "compute_tflops": list(self.compute_tflops),
+            **({"floor_tflops": self.floor_tflops} if math.isfinite(self.floor_tflops) else {}),
             "serial_ns": list(self.serial_ns),
             **tiled,
             **({"format_bandwidth_gbps": dict(self.format_bandwidth_gbps)} if self.format_bandwidth_gbps else {}),
@@ -368,7 +368,7 @@ class ExpertFamily:
 
     def inputs_time_us(self, x: ExpertInputs) -> np.ndarray:
         """Time of one MoE layer's expert operation for prepared inputs (floored by the roofline)."""
-        floor = self.roofline.floor_us(x.distinct_experts * x.expert_bytes, x.slots * 6.0 * x.hidden * x.intermediate)
+        floor = self.roofline.floor_us(x.distinct_experts * x.expert_bytes, x.slots * 6.0 * x.hidden * x.intermediate, self.floor_tflops)
         return np.maximum(self.model_time_us(x), floor)
 
     def time_us(self, features: RoutingFeatures, shape: ExpertShape) -> np.ndarray:

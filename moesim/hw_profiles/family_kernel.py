@@ -25,7 +25,7 @@ def parameters(family: ExpertFamily, shape: ExpertShape, top_k: int) -> tuple[np
     scalars = [
         float(structure.tokens_per_read), family.cache_bytes, shape.expert_bytes, float(shape.hidden),
         float(shape.intermediate), c["fixed"], c["per_expert"], c["per_slot"], c["hbm"], c["cache"],
-        family.roofline.peak_bandwidth_gbps, family.roofline.peak_tflops, c.get("tile", 0.0),
+        family.roofline.peak_bandwidth_gbps, family.roofline.ceiling_tflops(family.floor_tflops), c.get("tile", 0.0),
         float(structure.tile_tokens), float(structure.tile_step), float(top_k),
     ]  # fmt: skip
     return (
@@ -41,7 +41,7 @@ def element_time_us(u, s, cmax, params, widths, compute, serial) -> float:  # no
     """`ExpertFamily.inputs_time_us` of one pass of a family priced by its fitted terms alone, compiled: the same terms in the same order
     (`base_columns`, `model_time_us`, the roofline floor); `params` = tokens_per_read, cache_bytes,
     expert_bytes, hidden, intermediate, the fixed, per_expert, per_slot, hbm and cache
-    coefficients, peak bandwidth and peak TFLOP/s, the tile coefficient, tile_tokens, tile_step and
+    coefficients, peak bandwidth and the FLOP ceiling (`Roofline.ceiling_tflops`), the tile coefficient, tile_tokens, tile_step and
     top-k (a pass of s slots has s / top-k tokens)."""
     t_read = params[0]
     cache_bytes, b, h, inter = params[1], params[2], params[3], params[4]

@@ -43,7 +43,7 @@ def _family_row(family: ExpertFamily) -> dict[str, Any]:
         "fixed_us": family.fixed_us,
         "hbm_gbps": family.hbm_bandwidth_gbps,
         "cache_gbps": family.cache_bandwidth_gbps,
-        "compute_tflops": _rates(family.compute_tflops),
+        "compute_tflops": _rates(family.compute_tflops) + (f" (floor {family.floor_tflops:.3g})" if family.floor_tflops < math.inf else ""),
         "per_expert_us": family.per_expert_us,
         "shape_out_%": _percent(h.leave_one_shape_out),
         "routing_out_%": _percent(h.leave_one_routing_out),

@@ -36,7 +36,7 @@ _EXPERT_RATES = ("hbm_bandwidth_gbps", "cache_bandwidth_gbps")
 _EXPERT_TIMES = ("fixed_us", "per_expert_us", "per_slot_us", "cache_bytes")
 _TILE_KEYS = ("tile_tokens", "tile_step", "tile_tflops")
 _SPLITS = ("leave_one_shape_out", "leave_one_routing_out", "in_sample", "leave_one_size_out")
-_OPTIONAL_TERMS = ("reread_bandwidth_gbps", "variant_bandwidth_gbps", "row_ns")
+_OPTIONAL_TERMS = ("reread_bandwidth_gbps", "variant_bandwidth_gbps", "row_ns", "floor_tflops")
 CACHE_MODELS = ("working_set", "reuse_distance")
 EXTRA_TABLES = ("grid", "shape_fits", "rung_error", "pass_transfer")  # the lookup ladder (optional)
 
@@ -257,6 +257,7 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
         ),
         variant_bandwidth_gbps=reader.numbers(table, "variant_bandwidth_gbps", path, rates, True, True) if rates else (),
         row_ns=reader.numbers(table, "row_ns", path, rates, False, False) if rates else (),
+        floor_tflops=reader.number(table, "floor_tflops", path, positive=True, allow_inf=True) if "floor_tflops" in table else math.inf,
     )
 
 

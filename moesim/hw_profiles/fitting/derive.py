@@ -45,6 +45,7 @@ def _scaled_family(
         format_bandwidth_gbps={fmt: rate * bandwidth_scale for fmt, rate in family.format_bandwidth_gbps.items()},
         compute_tflops=tuple(rate * compute_scale for rate in family.compute_tflops),
         tile_tflops=family.tile_tflops * compute_scale,
+        floor_tflops=family.floor_tflops * compute_scale,
         roofline=roofline,
         heldout_error=heldout,
         provenance=provenance,

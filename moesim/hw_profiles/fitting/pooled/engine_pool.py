@@ -21,6 +21,14 @@ forward, so that it is not fitted into the expert terms.
 
 Build eras: `build` keeps every build's fixed times apart (a build measured on several devices
 shares them); `dispatch` pools the builds of one dispatch era of the engine's source.
+
+A FLOP rate the engine reaches (`engine_floors`): where a device's own rows never separated a
+family's FLOP rate (its fit left `compute_tflops` at inf: up to the sizes it ran, the reads hide the
+FLOPs), the pooled fit over the engine's other devices (fixed times per dispatch era) prices them
+on this device's datasheet with factor 1, at full tiles: rate = F_d / (θ_compute + θ_tile). It is
+the family's FLOP ceiling in the roofline floor (`ExpertFamily.floor_tflops`), not an added term:
+time = max(fitted time, bytes / peak bandwidth, FLOPs / rate), so it binds only where the FLOPs at
+that rate exceed what the device's own terms price.
 """
 
 from __future__ import annotations
@@ -103,6 +111,43 @@ class PooledFit:
     def predict(self, part: DeviceRows, rows: list[PassRow] | tuple[PassRow, ...]) -> np.ndarray:
         """Each row on the device predicted by its era's profile (NaN where its family never ran in the pool)."""
         return predicted_by_era(rows, lambda era: self.profile(part, era))
+
+
+def reached_tflops(theta_compute: float, theta_tile: float, tensor_tflops: float) -> float:
+    """FLOP rate the engine reaches at full tiles = tensor peak / (θ_compute + θ_tile) (inf where both are 0)."""
+    theta = theta_compute + theta_tile
+    return tensor_tflops / theta if theta > 0 else math.inf
+
+
+def engine_floors(parts: list[DeviceRows], target: DeviceRows, profile: HardwareProfile) -> HardwareProfile:
+    """The target's profile with, on each family without a FLOP rate of its own (all compute rates inf;
+    not a mat-vec kernel, whose FLOPs ride on its reads), the rate the pooled fit over the engine's
+    other devices reaches on the target's datasheet (`reached_tflops`) as its FLOP ceiling, where it
+    is below the peak (else it never binds); a note says where each comes from."""
+    wanted = [
+        name
+        for name, family in profile.expert_families.items()
+        if family.structure.tokens_per_read != 1 and all(math.isinf(rate) for rate in family.compute_tflops)
+    ]
+    others = [(part, list(part.rows)) for part in parts if part.spec.key != target.spec.key and part.rows]
+    if not wanted or not others:
+        return profile
+    pool = fit_pool(others)
+    families, notes = dict(profile.expert_families), list(profile.notes)
+    devices = ", ".join(f"{part.spec.key} ({len(rows)})" for part, rows in others)
+    for name in wanted:
+        family = families[name]
+        theta = (pool.unit.get(f"{name}.compute"), pool.unit.get(f"{name}.tile"))
+        rate = reached_tflops(*theta, target.spec.tensor_tflops)
+        if rate >= family.roofline.peak_tflops:
+            continue
+        families[name] = dataclasses.replace(family, floor_tflops=rate)
+        notes.append(
+            f"{name}'s rows do not give its FLOP rate: its time is floored at {rate:.3g} TFLOP/s, transferred: the pooled "
+            f"{pool.engine.name} fit over the rows of {devices} in {PUBLIC_TABLE.as_posix()} (fixed times per dispatch era), "
+            f"at this device's datasheet ({target.spec.tensor_tflops:g} TFLOP/s / (θ_compute {theta[0]:.3f} + θ_tile {theta[1]:.3f}))"
+        )
+    return dataclasses.replace(profile, expert_families=families, notes=tuple(notes))
 
 
 def fit_pool(parts: list[tuple[DeviceRows, list[PassRow]]], rounds: int = ROUNDS) -> PooledFit:

@@ -117,6 +117,7 @@ def test_time_matches_plain_python_reference(tokens_per_read: int) -> None:
         ("nvidia-rtx-3090-llamacpp", "Q4_0"),
         ("nvidia-rtx-3090-llamacpp", "F16"),
         ("apple-m2-ultra-metal", "Q8_0"),
+        ("amd-rx-7900-xtx-vulkan", "Q4_K"),  # whole tiles of 32, 64 or 128 columns (`tile_doubling`)
     ],
 )
 def test_compiled_time_equals_the_vectorised_one(profile: str, weight_format: str) -> None:

@@ -40,7 +40,7 @@ import numpy as np
 
 from moesim.hw_profiles import family_kernel
 from moesim.hw_profiles.heldout import HeldoutError
-from moesim.hw_profiles.ladder.grid import CalibrationGrid, shape_label
+from moesim.hw_profiles.ladder.grid import CalibrationGrid, shape_groups
 from moesim.hw_profiles.ladder.rungs import EXTRAPOLATED, FITTED, RUNGS, RungErrors, ladder_times, rung_shares
 from moesim.hw_profiles.ladder.transfer import PassTransfer
 from moesim.hw_profiles.provenance import Provenance
@@ -73,21 +73,26 @@ class ExpertStructure:
     """How a kernel reads experts: tokens per weight read (1, T, or 0 = unbounded) and tile variants;
     and, for kernels that compute whole tiles of token columns per expert, the tile width J:
     `tile_tokens`, or with `tile_step` the multiple of it that holds the pass's n tokens, at most
-    `tile_tokens` (llama.cpp's MMQ picks its column tile from the pass's tokens)."""
+    `tile_tokens` (llama.cpp's MMQ picks its column tile from the pass's tokens); with
+    `tile_doubling` the power-of-two multiple (llama.cpp Vulkan's matmul_id: 32, 64, else 128)."""
 
     tokens_per_read: int
     variants: tuple[int, ...] = ()
     tile_tokens: int = 0
     tile_step: int = 0
+    tile_doubling: bool = False
     reuse_distance: bool = False  # cache hits from each re-read's stack distance, when the features carry it
     reread_rate: bool = False  # re-reads at their own rate (no working-set cache split)
     variant_terms: bool = False  # per variant: a bytes rate and a per-row cost
 
     def tile_width(self, n_tokens: np.ndarray) -> np.ndarray:
-        """J: the tile width a pass of n tokens computes in (0: no tiles)."""
-        if self.tile_step:
-            return np.minimum(self.tile_tokens, self.tile_step * np.ceil(np.asarray(n_tokens) / self.tile_step - 1e-9))
-        return np.full(np.shape(n_tokens), float(self.tile_tokens))
+        """J = min(tile_tokens, step·m), m = ⌈n / step⌉ (`tile_doubling`: 2^⌈log2 m⌉); tile_tokens without a step (0: no tiles)."""
+        if not self.tile_step:
+            return np.full(np.shape(n_tokens), float(self.tile_tokens))
+        steps = np.ceil(np.asarray(n_tokens, np.float64) / self.tile_step - 1e-9)
+        if self.tile_doubling:
+            steps = np.exp2(np.ceil(np.log2(np.maximum(steps, 1.0)) - 1e-9))
+        return np.minimum(self.tile_tokens, self.tile_step * steps)
 
     @property
     def n_rates(self) -> int:
@@ -303,6 +308,8 @@ class ExpertFamily:
         kernels, the optional terms only where used)."""
         tiles = self.structure.tile_tokens
         tiled = {"tile_tokens": tiles, "tile_step": self.structure.tile_step, "tile_tflops": self.tile_tflops} if tiles else {}
+        if self.structure.tile_doubling:
+            tiled["tile_doubling"] = True
         out: dict[str, object] = {
             "tokens_per_read": self.structure.tokens_per_read,
             "variants": list(self.structure.variants),
@@ -386,7 +393,9 @@ class ExpertFamily:
         outside = extrapolated(self.calibrated_range.factor(x))
         time = np.zeros(np.shape(x.n_tokens))
         rung = np.full(time.shape, FITTED, np.int8)
-        groups = _shape_groups(x) if self.shape_fits or self.grid is not None else [(None, np.ones(time.shape, bool))]
+        groups: list[tuple[str | None, np.ndarray]] = [(None, np.ones(time.shape, bool))]
+        if self.shape_fits or self.grid is not None:
+            groups = shape_groups(x.n_tokens, x.slots, x.hidden, x.intermediate, x.expert_bytes)
         for label, where in groups:
             model = self.shape_fits.get(label, self) if label is not None else self
             part = x if len(groups) == 1 else x.select(where)
@@ -521,17 +530,6 @@ class ExpertFamily:
     def is_dedup(self) -> bool:
         """Deduplicating families read each distinct expert once per pass (or per tile)."""
         return self.name.startswith("dedup")
-
-
-def _shape_groups(x: ExpertInputs) -> list[tuple[str | None, np.ndarray]]:
-    """(grid shape label, mask) of every distinct expert shape and top-k among the inputs."""
-    top_k = np.round(x.slots / np.maximum(x.n_tokens, 1.0))
-    columns = [np.broadcast_to(a, top_k.shape).ravel() for a in (x.hidden, x.intermediate, x.expert_bytes, top_k)]
-    if all(column.size == 0 or (column == column[0]).all() for column in columns):  # one shape: no masks
-        return [(shape_label(*(float(c[0]) if c.size else 0.0 for c in columns)), np.ones(top_k.shape, bool))]
-    unique, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
-    inverse = inverse.reshape(top_k.shape)
-    return [(shape_label(*row), inverse == i) for i, row in enumerate(unique)]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def parameters(family: ExpertFamily, shape: ExpertShape, top_k: int) -> tuple[np
         float(structure.tokens_per_read), family.cache_bytes, shape.expert_bytes, float(shape.hidden),
         float(shape.intermediate), c["fixed"], c["per_expert"], c["per_slot"], c["hbm"], c["cache"],
         family.roofline.peak_bandwidth_gbps, family.roofline.ceiling_tflops(family.floor_tflops), c.get("tile", 0.0),
-        float(structure.tile_tokens), float(structure.tile_step), float(top_k),
+        float(structure.tile_tokens), float(structure.tile_step), float(top_k), float(structure.tile_doubling),
     ]  # fmt: skip
     return (
         np.array(scalars),
@@ -41,8 +41,8 @@ def element_time_us(u, s, cmax, params, widths, compute, serial) -> float:  # no
     """`ExpertFamily.inputs_time_us` of one pass of a family priced by its fitted terms alone, compiled: the same terms in the same order
     (`base_columns`, `model_time_us`, the roofline floor); `params` = tokens_per_read, cache_bytes,
     expert_bytes, hidden, intermediate, the fixed, per_expert, per_slot, hbm and cache
-    coefficients, peak bandwidth and the FLOP ceiling (`Roofline.ceiling_tflops`), the tile coefficient, tile_tokens, tile_step and
-    top-k (a pass of s slots has s / top-k tokens)."""
+    coefficients, peak bandwidth and the FLOP ceiling (`Roofline.ceiling_tflops`), the tile coefficient, tile_tokens, tile_step,
+    top-k (a pass of s slots has s / top-k tokens) and tile_doubling (`ExpertStructure.tile_width`)."""
     t_read = params[0]
     cache_bytes, b, h, inter = params[1], params[2], params[3], params[4]
     fixed, per_expert, per_slot, hbm, cache = params[5], params[6], params[7], params[8], params[9]
@@ -76,7 +76,10 @@ def element_time_us(u, s, cmax, params, widths, compute, serial) -> float:  # no
     if tile_tokens and tile:
         width = tile_tokens
         if tile_step:
-            width = min(tile_tokens, tile_step * math.ceil(s / params[15] / tile_step - 1e-9))
+            steps = math.ceil(s / params[15] / tile_step - 1e-9)
+            if params[16]:
+                steps = 2.0 ** math.ceil(math.log2(max(steps, 1.0)) - 1e-9)
+            width = min(tile_tokens, tile_step * steps)
         width = max(width, 1.0)
         total = total + tile * (active * u * math.ceil(s / safe_u / width - 1e-9) * width * 6.0 * h * inter)
     return max(total, max(u * b / (params[10] * 1e3), flops / (params[11] * 1e6)))

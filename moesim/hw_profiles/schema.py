@@ -34,7 +34,7 @@ GRID_ITEMS_PER_LINE = 12
 _DEVICE_TEXT = ("name", "engine", "engine_version", "driver_version", "runtime_version")
 _EXPERT_RATES = ("hbm_bandwidth_gbps", "cache_bandwidth_gbps")
 _EXPERT_TIMES = ("fixed_us", "per_expert_us", "per_slot_us", "cache_bytes")
-_TILE_KEYS = ("tile_tokens", "tile_step", "tile_tflops")
+_TILE_KEYS = ("tile_tokens", "tile_step", "tile_tflops", "tile_doubling")
 _SPLITS = ("leave_one_shape_out", "leave_one_routing_out", "in_sample", "leave_one_size_out")
 _OPTIONAL_TERMS = ("reread_bandwidth_gbps", "variant_bandwidth_gbps", "row_ns", "floor_tflops")
 CACHE_MODELS = ("working_set", "reuse_distance")
@@ -216,6 +216,9 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
             raise reader.fail(f"{path}.{key}", f"must be an integer >= 0, got {value!r}")
     if tiles["tile_tokens"] and "tile_tflops" not in table:
         raise reader.fail(f"{path}.tile_tflops", "is missing: a tiled kernel needs its tile compute rate")
+    doubling = table.get("tile_doubling", False)
+    if not isinstance(doubling, bool) or (doubling and not tiles["tile_step"]):
+        raise reader.fail(f"{path}.tile_doubling", f"must be true or false, and true only with a tile_step, got {doubling!r}")
     cache_model = table.get("cache_model", "working_set")
     if cache_model not in CACHE_MODELS:
         raise reader.fail(f"{path}.cache_model", f"must be one of {', '.join(CACHE_MODELS)}, got {cache_model!r}")
@@ -225,6 +228,7 @@ def _read_expert(reader: _Reader, name: str, table: dict[str, Any], roofline: Ro
         tuple(variants),
         tiles["tile_tokens"],
         tiles["tile_step"],
+        tile_doubling=doubling,
         reuse_distance=cache_model == "reuse_distance",
         reread_rate="reread_bandwidth_gbps" in table,
         variant_terms=variant_terms,

@@ -24,11 +24,13 @@ class Kernel:
     per_expert: bool = False
     tile_tokens: int = 0
     tile_step: int = 0
+    tile_doubling: bool = False
+    tiles_first: bool = False  # where the rows do not tell its useful FLOPs from its whole tiles', the whole tiles carry them
 
     @property
     def structure(self) -> ExpertStructure:
         """The read structure of the profile family."""
-        return ExpertStructure(self.tokens_per_read, (), self.tile_tokens, self.tile_step)
+        return ExpertStructure(self.tokens_per_read, (), self.tile_tokens, self.tile_step, tile_doubling=self.tile_doubling)
 
 
 @dataclass(frozen=True)

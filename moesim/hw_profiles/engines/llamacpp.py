@@ -18,7 +18,13 @@ per-expert cuBLAS loop; Pascal has no MMF (no MMA) and takes the loop at every n
 Vulkan (`ggml_vk_mul_mat_id`, src/ggml-vulkan/ggml-vulkan.cpp): `ggml_vk_use_mul_mat_vec_id`
 takes the mat-vec-id shader (one dispatch per token over its slots: per-slot) when
 `src2->ne[1] <= 8` and the type is F32, F16 or quantized (BF16 never), else `matmul_id` over
-experts; before #18918 (2026-01-21, 960ee54f) only for one token.
+experts; before #18918 (2026-01-21, 960ee54f) only for one token. `matmul_id` dispatches
+{rows, tokens, experts} workgroups of BM x BN tiles, each expert's tokens in tiles of BN columns
+(a workgroup past its expert's token count returns early), every column of a tile computed; its
+pipeline is picked from the pass's token count `nei1`, not the tokens per expert
+(`ggml_vk_guess_matmul_id_pipeline`: small, BN = 32, up to 32 tokens; medium, 64, up to 64; large,
+128, above; `wg_denoms` {32, 32}, {64, 64}, {128, 128}), so 32 tokens of an expert in a pass of 512
+cost a whole tile of 128. An expert's weights are read once per row tile and tile of columns.
 
 Metal (`ggml_metal_op_mul_mat_id`, src/ggml-metal/ggml-metal-ops.cpp): `kernel_mul_mm_id` over
 32-token x 64-row tiles of each expert (threadgroups z = experts) when the device has simdgroup
@@ -100,7 +106,16 @@ class LlamaCppVulkan(Engine):
     citation = f"{GGML}: src/ggml-vulkan/ggml-vulkan.cpp ggml_vk_mul_mat_id, ggml_vk_use_mul_mat_vec_id"
     kernels = (
         Kernel("per_slot", 1, "mul_mat_vec_id shader: one dispatch per token, one read per token slot"),
-        Kernel("dedup_matmul_id", 0, "matmul_id over experts (count_experts first): each used expert read once per pass"),
+        Kernel(
+            "dedup_matmul_id",
+            128,
+            "matmul_id over experts (count_experts first): each used expert read and computed in whole tiles of J token "
+            "columns, J picked from the pass's tokens: 32, 64, else 128 (ggml_vk_guess_matmul_id_pipeline)",
+            tile_tokens=128,
+            tile_step=32,
+            tile_doubling=True,
+            tiles_first=True,
+        ),
     )
     eras = (
         Era("2024-11-01", "ggml 813a12ce: mat-vec-id for one token only"),

@@ -84,7 +84,9 @@ def _main_families(rows: list[PassRow]) -> list[str]:
 # series the KV context grows with the pass size exactly as the FLOPs do, N/2 + n/2 tokens), the
 # fixed time per layer (every launch costs it whatever the kernel reads: a user's run of one model
 # with a kernel switch needs it at the switch, else the bytes carry the jump and miss both sides)
-# and the FLOPs of whole tiles; then the bytes above the peak.
+# and the FLOPs of whole tiles; then the bytes above the peak. A kernel that computes every column of
+# tiles picked from the pass's tokens (`Kernel.tiles_first`: llama.cpp Vulkan's matmul_id) has its
+# whole tiles first: they are what its ALUs run.
 TERM_ORDER = ("compute", "fixed", "tile", "bytes", "per_expert", "per_slot")
 MIN_SIZES = 2  # a fixed time is told from the work it comes with only by rows of two or more pass sizes
 
@@ -119,9 +121,11 @@ def build_design(rows: list[PassRow], engine: Engine, scales: dict[str, np.ndarr
     candidates: list[tuple[str, np.ndarray]] = [
         (f"{PASS_FIXED}@{era}", np.array([1.0 if r.scope == "pass" and r.era == era else 0.0 for r in rows])) for era in eras
     ]
-    for term in TERM_ORDER:
+    for position, term in enumerate(("tile", *TERM_ORDER)):  # a `tiles_first` kernel's whole tiles enter before everything
         for family in used:
             kernel = engine.kernel(family)
+            if term == "tile" and (position == 0) != kernel.tiles_first:
+                continue
             per_slot_kernel = kernel.tokens_per_read == 1
             skip = {
                 "compute": per_slot_kernel,  # a mat-vec kernel is bandwidth-bound: its FLOPs ride on its reads

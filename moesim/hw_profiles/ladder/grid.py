@@ -27,6 +27,19 @@ def shape_label(hidden: float, intermediate: float, expert_bytes: float, top_k: 
     return f"{int(hidden)}x{int(intermediate)}:{int(expert_bytes)}:k{int(top_k)}"
 
 
+def shape_groups(
+    n_tokens: np.ndarray, slots: np.ndarray, hidden: np.ndarray, intermediate: np.ndarray, expert_bytes: np.ndarray
+) -> list[tuple[str | None, np.ndarray]]:
+    """(grid shape label, mask) of every distinct expert shape and top-k among a family's inputs."""
+    top_k = np.round(slots / np.maximum(n_tokens, 1.0))
+    columns = [np.broadcast_to(a, top_k.shape).ravel() for a in (hidden, intermediate, expert_bytes, top_k)]
+    if all(column.size == 0 or (column == column[0]).all() for column in columns):  # one shape: no masks
+        return [(shape_label(*(float(c[0]) if c.size else 0.0 for c in columns)), np.ones(top_k.shape, bool))]
+    unique, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(top_k.shape)
+    return [(shape_label(*row), inverse == i) for i, row in enumerate(unique)]
+
+
 def _is_label(label: str) -> bool:
     parts = label.split(":")
     sizes = parts[0].split("x")

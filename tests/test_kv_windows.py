@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from moesim.models import load_preset
 from moesim.sim.cost.parallel import Parallelism
 from moesim.sim.cost.pass_table import TablePassCost
 from moesim.sim.serving.acceptance import Geometric
+from moesim.sim.serving.config import config_from_dict
 from moesim.sim.serving.memory import FULL_ONLY, PAGE_PARTS, KVCache, MemorySection, check_longest_request, kv_budget, kv_pages
 from moesim.sim.serving.policies import Static
 from moesim.sim.serving.scheduler import Scheduling
@@ -152,6 +154,22 @@ def test_the_longest_request_needs_its_window_only_with_chunked_prefill() -> Non
     plain = dataclasses.replace(_budget(pages=400), windows=FULL_ONLY[0], parts=FULL_ONLY[1])
     with pytest.raises(ConfigError, match=r"hold 6400 tokens; the longest request needs 7005 \(438 pages"):
         check_longest_request(plain, workload, policies, 512)
+
+
+def test_a_config_checks_the_longest_request_with_its_chunks(tmp_path: Path) -> None:
+    """The same request through a config's `[batching]`: accepted with chunked prefill, one line naming
+    `memory.pages` without it."""
+    table = {
+        "run": {"requests": 4}, "trace": {"synth": "uniform", "tokens": 64, "seqs": 2}, "cost": {"kind": "steptime"},
+        "target": {"model": "gpt-oss-20b", "profile": "nvidia-h200-vllm"}, "memory": {"pages": 400},
+        "batching": {"max_batch": 8, "chunked_prefill": True, "token_budget": 512},
+        "workload": {"prompt_tokens": 6000, "output_tokens": 1000}, "acceptance": {"model": "geometric", "alpha": 0.7},
+        "policy": {"name": "static", "k": 4},
+    }  # fmt: skip
+    assert config_from_dict(table, "c.toml", tmp_path).memory.pages == 400  # type: ignore[union-attr]
+    table["batching"] = {"max_batch": 8}
+    with pytest.raises(ConfigError, match=r"^c\.toml: key 'memory\.pages': 400 pages of 16 tokens hold 12656 tokens; .* 7005 \(438 pages"):
+        config_from_dict(table, "c.toml", tmp_path)
 
 
 @pytest.mark.parametrize("chunked", [False, True])

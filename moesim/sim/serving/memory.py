@@ -59,9 +59,15 @@ def kv_pages(tokens: int, computed: int, block: int, windows: Any, parts: Any) -
     blocks = -(-tokens // block)
     held = 0
     for g in range(len(windows)):
-        skipped = max(computed - windows[g] + 1, 0) // block if windows[g] else 0
-        held += parts[g] * max(blocks - skipped, 0)
+        window = windows[g]
+        skipped = (computed - window + 1) // block if window and computed >= window else 0
+        held += parts[g] * (blocks - skipped if blocks > skipped else 0)
     return -(-held // PAGE_PARTS)
+
+
+def block_top(tokens: int, block: int) -> int:
+    """⌈t/B⌉·B: the positions of the whole blocks that hold t positions (what a request's pages are for)."""
+    return -(-tokens // block) * block
 
 
 def kv_groups(by_window: dict[int, float]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -220,29 +226,32 @@ def _bytes_by_window(target: ModelPreset, draft: ModelPreset | None, parallel: P
 
 
 class KVCache:
-    """The free pages of a run; requests hold theirs in `kv_pages`, for their first `kv_tokens` positions."""
+    """The free pages of a run; requests hold theirs in `kv_pages`, for the blocks of their first `kv_tokens`
+    positions (`block_top` of the most they have written, drafts included)."""
 
-    __slots__ = ("block_tokens", "capacity", "free", "parts", "windows")
+    __slots__ = ("block_tokens", "capacity", "free", "parts", "windowed", "windows")
 
     def __init__(self, budget: KVBudget) -> None:
         self.capacity = budget.pages
         self.block_tokens = budget.block_tokens
         self.windows, self.parts = budget.windows, budget.parts
+        self.windowed = budget.windows != FULL_ONLY[0]  # without windows no block is ever dropped
         self.free = budget.pages
 
     def grow(self, request: Any, tokens: int, computed: int) -> bool:
         """The blocks before the request's windows dropped (`computed` positions written), then pages for `tokens`
         positions (`kv_pages`); False (nothing more taken) if too few are free."""
-        block, windows, parts = self.block_tokens, self.windows, self.parts
-        held = kv_pages(request.kv_tokens, computed, block, windows, parts)
-        self.free += request.kv_pages - held
-        request.kv_pages = held
-        top = max(tokens, request.kv_tokens)
-        extra = kv_pages(top, computed, block, windows, parts) - held
+        held = request.kv_pages
+        if self.windowed:
+            held = kv_pages(request.kv_tokens, computed, self.block_tokens, self.windows, self.parts)
+            self.free += request.kv_pages - held
+            request.kv_pages = held
+        top = max(block_top(tokens, self.block_tokens), request.kv_tokens)
+        extra = kv_pages(top, computed, self.block_tokens, self.windows, self.parts) - held
         if extra > self.free:
             return False
         self.free -= extra
-        request.kv_pages += extra
+        request.kv_pages = held + extra
         request.kv_tokens = top
         return True
 

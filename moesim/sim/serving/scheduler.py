@@ -89,9 +89,11 @@ class Scheduler:
         plan = Plan()
         victims = plan.victims
         if kv is not None:
+            block, windowed = kv.block_tokens, kv.windowed
             for i, request in enumerate(active):
-                if request not in victims:
-                    written = request.prompt_tokens + request.decoded
+                written = request.prompt_tokens + request.decoded
+                # without windows no block is dropped: a request's pages change only when its pass reaches a new block
+                if (windowed or -(-(written + ks[i] + 1) // block) > request.kv_pages) and request not in victims:
                     self._grow(request, written + ks[i] + 1, written, active, prefilling, plan)
         left = self.scheduling.token_budget - sum(ks) - len(ks)
         for request in prefilling:

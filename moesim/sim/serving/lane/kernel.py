@@ -10,9 +10,9 @@ import numpy as np
 
 from moesim.kernels.jit import njit
 from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, STRAY_ID, pass_total_us
-from moesim.sim.serving.memory import kv_pages
+from moesim.sim.serving.memory import block_top, kv_pages
 
-pages_of = njit(kv_pages)  # the scheduler's page count, compiled
+pages_of, top_of = njit(kv_pages), njit(block_top)  # the scheduler's page count and the blocks' positions, compiled
 
 MORE, STOP, REFILL, TABLE, BAD_IDS, PENDING, PREFILL, LADDER = range(8)
 # per request row: the Request attributes synced both ways, then the lane's own
@@ -247,7 +247,7 @@ def serve(
                 r = act[i]
                 written = st[PROMPT, r] + st[DECODED, r]
                 free = drop_skipped(pages, tops, i, written, block, wins, parts, free)
-                top = max(written + ks[i] + 1, tops[i])
+                top = max(top_of(written + ks[i] + 1, block), tops[i])
                 need = pages_of(top, written, block, wins, parts)
                 if need > pages[i]:
                     n_vict, free, swap = make_room(
@@ -272,7 +272,7 @@ def serve(
                 tokens = min(st[TARGET, r] - st[PREFILLED, r], left)
                 if kv_on:
                     free = drop_skipped(pages, tops, slot, st[PREFILLED, r], block, wins, parts, free)
-                    top = max(st[PREFILLED, r] + tokens, tops[slot])
+                    top = max(top_of(st[PREFILLED, r] + tokens, block), tops[slot])
                     need = pages_of(top, st[PREFILLED, r], block, wins, parts)
                     n_vict, free, swap = make_room(
                         st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl, slot, need, free, swap
@@ -302,7 +302,7 @@ def serve(
                     if need > free:
                         break
                     free -= need
-                    pages[2 * max_batch + a], tops[2 * max_batch + a] = need, written
+                    pages[2 * max_batch + a], tops[2 * max_batch + a] = need, top_of(written, block)
                     swap += swap_us(fl, pages[2 * max_batch + a])
                     kinds[a] = 2
                     resumed[n_res] = r
@@ -316,7 +316,7 @@ def serve(
                     if need > free:
                         break
                     free -= need
-                pages[2 * max_batch + a], tops[2 * max_batch + a] = need, tokens
+                pages[2 * max_batch + a], tops[2 * max_batch + a] = need, top_of(tokens, block)
                 if chunked:
                     chunk_row[n_chunks], chunk_tokens[n_chunks], chunk_slot[n_chunks] = r, tokens, -1
                     n_chunks += 1

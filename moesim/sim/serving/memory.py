@@ -241,12 +241,14 @@ class KVCache:
     def grow(self, request: Any, tokens: int, computed: int) -> bool:
         """The blocks before the request's windows dropped (`computed` positions written), then pages for `tokens`
         positions (`kv_pages`); False (nothing more taken) if too few are free."""
+        top = max(block_top(tokens, self.block_tokens), request.kv_tokens)
         held = request.kv_pages
         if self.windowed:
             held = kv_pages(request.kv_tokens, computed, self.block_tokens, self.windows, self.parts)
             self.free += request.kv_pages - held
             request.kv_pages = held
-        top = max(block_top(tokens, self.block_tokens), request.kv_tokens)
+        elif top == request.kv_tokens:
+            return True  # no window, no new block: its pages stay
         extra = kv_pages(top, computed, self.block_tokens, self.windows, self.parts) - held
         if extra > self.free:
             return False

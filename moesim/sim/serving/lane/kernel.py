@@ -202,6 +202,7 @@ def serve(
     resumed = work[16]
     kv_on = kv[2]
     wins, parts = groups  # the KV-cache groups' windows and shares of a page (`KVCache`)
+    windowed = wins.shape[0] > 1 or wins[0] != 0  # else no block is ever dropped (`KVCache.windowed`)
     out = np.zeros(2)
     done = 0
     while done < max_iters:
@@ -246,8 +247,11 @@ def serve(
                     continue
                 r = act[i]
                 written = st[PROMPT, r] + st[DECODED, r]
-                free = drop_skipped(pages, tops, i, written, block, wins, parts, free)
                 top = max(top_of(written + ks[i] + 1, block), tops[i])
+                if windowed:
+                    free = drop_skipped(pages, tops, i, written, block, wins, parts, free)
+                elif top == tops[i]:
+                    continue  # no window, no new block: its pages stay
                 need = pages_of(top, written, block, wins, parts)
                 if need > pages[i]:
                     n_vict, free, swap = make_room(
@@ -271,7 +275,8 @@ def serve(
                 r = lists[PRE, j]
                 tokens = min(st[TARGET, r] - st[PREFILLED, r], left)
                 if kv_on:
-                    free = drop_skipped(pages, tops, slot, st[PREFILLED, r], block, wins, parts, free)
+                    if windowed:
+                        free = drop_skipped(pages, tops, slot, st[PREFILLED, r], block, wins, parts, free)
                     top = max(top_of(st[PREFILLED, r] + tokens, block), tops[slot])
                     need = pages_of(top, st[PREFILLED, r], block, wins, parts)
                     n_vict, free, swap = make_room(

@@ -141,6 +141,10 @@ def test_capacity_is_the_longest_context_whose_every_decode_pass_fits() -> None:
     assert "SlidingWindowManager" in figures["kv_counting"]
     plain = dataclasses.replace(budget, windows=FULL_ONLY[0], parts=FULL_ONLY[1])
     assert plain.context_tokens() == 6400 and "kv_groups" not in plain.describe()
+    every_layer = dataclasses.replace(budget, windows=(128,), parts=(PAGE_PARTS,))  # no full layer: no bound
+    assert every_layer.context_tokens() is None and every_layer.pass_pages(10**6, 1) == 9
+    with pytest.raises(ConfigError, match=r"hold any number of tokens; the longest request needs 7005 \(438 pages"):
+        check_longest_request(every_layer, Workload(prompt_tokens=6000, output_tokens=1000), [Static(k=4)])
 
 
 def test_the_longest_request_needs_its_window_only_with_chunked_prefill() -> None:

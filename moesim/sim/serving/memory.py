@@ -300,8 +300,10 @@ def check_longest_request(budget: KVBudget, workload: Any, policies: list[Any], 
     tokens = longest_tokens + verify_tokens
     needed = max(budget.pass_pages(tokens, verify_tokens), budget.pass_pages(tokens, chunk_tokens or tokens))
     if needed > budget.pages:
+        context = budget.context_tokens()
+        held = context if context is not None else "any number of"  # every layer windowed
         raise ConfigError(
-            f"{budget.pages} pages of {budget.block_tokens} tokens hold {budget.context_tokens()} tokens; the longest "
+            f"{budget.pages} pages of {budget.block_tokens} tokens hold {held} tokens; the longest "
             f"request needs {tokens} ({needed} pages: prompt and output {longest_tokens}, a verify pass of {verify_tokens}), so "
             "it could never run"
         )

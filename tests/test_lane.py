@@ -27,7 +27,7 @@ from moesim.sim.cost.trace_batch import TraceBatchCost
 from moesim.sim.serving.acceptance import Geometric
 from moesim.sim.serving.cascade import Cascade
 from moesim.sim.serving.lane import exact_delays
-from moesim.sim.serving.memory import MemorySection, kv_budget
+from moesim.sim.serving.memory import PAGE_PARTS, MemorySection, kv_budget
 from moesim.sim.serving.policies import Static
 from moesim.sim.serving.scheduler import Scheduling
 from moesim.sim.serving.workload import Arrivals, TraceWindows, Workload
@@ -37,6 +37,7 @@ QWEN3 = load_preset("qwen3-30b-a3b")
 TRACE = synthesize(QWEN3, Sticky(keep_prob=0.3), 512, 8, 0)
 WINDOWS = TraceWindows.from_trace(TRACE, offset_stride=0, window_max=5, source="test")
 BUDGET = kv_budget(MemorySection(), QWEN3, "BF16", None, catalog()["nvidia-h200"], Parallelism(), None)
+WINDOWED = kv_budget(MemorySection(pages=120), load_preset("gpt-oss-20b"), "MXFP4", None, None, Parallelism(), None)  # W = 128 on half
 
 
 def test_pairwise_sum_has_numpys_bits() -> None:
@@ -140,6 +141,7 @@ CASES = {
     "whole prefills": (Scheduling(), {}),
     "KV pages and chunked prefill": (Scheduling(BUDGET, chunked_prefill=True, token_budget=64), {}),
     "preemptions": (Scheduling(dataclasses.replace(BUDGET, pages=300), chunked_prefill=True, token_budget=256), {}),
+    "sliding windows": (Scheduling(WINDOWED, chunked_prefill=True, token_budget=256), {"workload": Workload(300, 200)}),
     "Poisson arrivals": (Scheduling(BUDGET), {"arrivals": Arrivals(kind="poisson", rate_per_s=50.0)}),
     "cut by the duration": (Scheduling(), {"requests": 0, "duration_us": 3e5}),
     "batch 1": (Scheduling(), {"max_batch": 1, "arrivals": Arrivals(concurrency=1), "requests": 3, "workload": Workload(10, 5000)}),
@@ -166,8 +168,9 @@ def test_the_lane_writes_the_python_loops_records(case: str, kind: str) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_the_lane_writes_the_python_loops_records_on_random_schedules(seed: int) -> None:
     """Random batch sizes, page pools (preemptions by recompute and by swap), chunk budgets, draft
-    lengths, prompt and output lengths, closed loops and Poisson arrivals: the lane's records are
-    the Python loop's, on a table cost and on the trace-driven cost of an engine profile."""
+    lengths, prompt and output lengths, closed loops and Poisson arrivals, KV-cache groups with
+    sliding windows on half the seeds: the lane's records are the Python loop's, on a table cost
+    and on the trace-driven cost of an engine profile."""
     rng = np.random.default_rng(seed)
     prompt, output, k = int(rng.integers(0, 120)), int(rng.integers(1, 90)), int(rng.integers(0, 5))
     block = int(rng.choice([1, 4, 16]))
@@ -183,6 +186,11 @@ def test_the_lane_writes_the_python_loops_records_on_random_schedules(seed: int)
         policy=Static(k=k), workload=Workload(prompt_tokens=prompt, output_tokens=output), arrivals=arrivals, max_batch=max_batch,
         requests=int(rng.integers(5, 30)), seed=int(rng.integers(0, 1000)),
     )  # fmt: skip
+    if scheduling.kv is not None and rng.integers(2):  # windows of 1 … 40 positions (a block of up to 16), shares of a page
+        windows = tuple(sorted({int(w) for w in rng.integers(1, 41, int(rng.integers(1, 3)))}))
+        parts = [int(p) for p in rng.integers(1, PAGE_PARTS // 2, len(windows))]
+        kv = dataclasses.replace(scheduling.kv, windows=(0, *windows), parts=(PAGE_PARTS - sum(parts), *parts))
+        scheduling = dataclasses.replace(scheduling, kv=kv)
     table = TablePassCost(np.array([900.0 + 150.0 * n for n in range(1, 2000)]), draft_step_us=30.0)
     assert _records(True, table, scheduling, **changes) == _records(False, table, scheduling, **changes)
     fast, reference = _cost("nvidia-h200-vllm", "dispatch", True), _cost("nvidia-h200-vllm", "dispatch", False)

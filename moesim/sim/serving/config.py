@@ -387,7 +387,9 @@ def placement(config: SimConfig) -> tuple[Parallelism, KVBudget | None]:
     except ConfigError as exc:
         raise ConfigError(f"{source}: key 'memory': {exc}") from None
     try:
-        check_longest_request(budget, config.workload, [config.policy, *(config.study.policies if config.study else ())])
+        batching, batches = config.batching, config.study.batches if config.study else ()
+        chunk = max((batching.token_budget, *batches)) if batching.chunked_prefill else 0  # a study's batch raises the budget
+        check_longest_request(budget, config.workload, [config.policy, *(config.study.policies if config.study else ())], chunk)
     except ConfigError as exc:
         raise ConfigError(f"{source}: key 'memory.pages': {exc}") from None
     return parallel, budget

@@ -13,11 +13,26 @@ draft model's KV on the first device. The first device is the tightest one, so i
 the run. Device memory and the host link come from the device catalog.
 
 A request holds pages for the KV it has written: a decode step of k drafts writes k + 1
-positions (the last committed token and the drafts), so it needs ⌈(P + d + k + 1) / block⌉
-pages (P prompt tokens, d tokens committed by decode passes). Rejected drafts are rolled back
-after the pass (their positions are overwritten by the next tokens) while their pages stay with
-the request, as vLLM keeps them; pages go back to the pool when the request finishes or is
-preempted.
+positions (the last committed token and the drafts), so it reaches t = P + d + k + 1 positions
+(P prompt tokens, d tokens committed by decode passes) with c = P + d of them written before the
+pass. Rejected drafts are rolled back after the pass (their positions are overwritten by the next
+tokens) while their pages stay with the request, as vLLM keeps them; pages go back to the pool
+when the request finishes or is preempted.
+
+Sliding windows, as vLLM's hybrid KV-cache manager counts them (`kv_pages`): the layers form one
+KV-cache group per window W (W = 0: full attention), the draft model's layers with the target's,
+each group with its share of a page's bytes. A group holds blocks of `block_tokens` positions;
+a full group every block of the t positions, ⌈t/B⌉; a windowed group drops, before each pass,
+the blocks wholly before the window of the pass's first query, the first ⌊max(0, c − W + 1)/B⌋
+(vLLM's `SlidingWindowManager.get_num_skipped_tokens`, `remove_skipped_blocks`), so a request
+decoding one token a pass holds at most ⌈(W − 1)/B⌉ + 1 of them, and a prefill from c = 0 holds
+every block. The unit stays the page of the whole model (`block_tokens` positions of every layer,
+`page bytes` below; a model without windows counts exactly ⌈t/B⌉ as before): a group's share is
+an integer count of PAGE_PARTS parts of a page (the windowed groups' shares rounded to the nearest
+part, the full group's the rest, so the shares make one page), and a request's pages are its
+groups' blocks times their shares, rounded up to whole pages per request. vLLM itself sizes its
+pages so that every group's page has the same bytes (groups of equal layer counts); the shares
+count those bytes without copying its grouping.
 """
 
 from __future__ import annotations
@@ -35,6 +50,35 @@ from moesim.sim.cost.parallel import Parallelism
 
 MAX_PAGES = 1 << 40  # KV pages of one run (the compiled lane counts them in 64 bits, times the block)
 MAX_BLOCK_TOKENS = 1 << 16
+PAGE_PARTS = 1 << 20  # a page in parts: each KV-cache group's share of a page, an integer count of them (pages · parts < 2^63)
+FULL_ONLY = ((0,), (PAGE_PARTS,))  # one KV-cache group, full attention, the whole page
+
+
+def kv_pages(tokens: int, computed: int, block: int, windows: Any, parts: Any) -> int:
+    """⌈Σ_g parts_g · max(0, ⌈t/B⌉ − ⌊max(0, c − W_g + 1)/B⌋) / PAGE_PARTS⌉ for t positions, c written before (W_g = 0: none skipped)."""
+    blocks = -(-tokens // block)
+    held = 0
+    for g in range(len(windows)):
+        window = windows[g]
+        skipped = (computed - window + 1) // block if window and computed >= window else 0
+        held += parts[g] * (blocks - skipped if blocks > skipped else 0)
+    return -(-held // PAGE_PARTS)
+
+
+def block_top(tokens: int, block: int) -> int:
+    """⌈t/B⌉·B: the positions of the whole blocks that hold t positions (what a request's pages are for)."""
+    return -(-tokens // block) * block
+
+
+def kv_groups(by_window: dict[int, float]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(windows, parts) of the groups holding bytes: parts_W = round(PAGE_PARTS · bytes_W / Σ bytes), the rest to W = 0 (else the last)."""
+    total = sum(by_window.values())
+    windows = tuple(w for w in sorted(by_window) if by_window[w] > 0)
+    if total <= 0 or windows in ((), (0,)):
+        return FULL_ONLY
+    parts = [round(PAGE_PARTS * by_window[w] / total) for w in windows]
+    parts[0 if windows[0] == 0 else -1] += PAGE_PARTS - sum(parts)
+    return windows, tuple(parts)
 
 
 @dataclass(frozen=True)
@@ -75,6 +119,31 @@ class KVBudget:
     weights_gb: float = math.nan
     device: str = ""
     host_link: LinkSpec | None = None
+    windows: tuple[int, ...] = FULL_ONLY[0]  # the KV-cache groups' windows (0: full attention) and shares of a page (`kv_groups`)
+    parts: tuple[int, ...] = FULL_ONLY[1]
+
+    def pages_for(self, tokens: int, computed: int) -> int:
+        """`kv_pages` of this budget's groups."""
+        return kv_pages(tokens, computed, self.block_tokens, self.windows, self.parts)
+
+    def pass_pages(self, tokens: int, written: int) -> int:
+        """The most pages a pass writing `written` positions up to `tokens` holds over the block alignments: the pages
+        of t = `tokens` with c = max(0, (⌈t/B⌉ − 1)·B + 1 − written) (a windowed group skips least with its top block
+        just begun; per group min(⌈t/B⌉, ⌈(W + written − 2)/B⌉ + 1) blocks)."""
+        block = self.block_tokens
+        return self.pages_for(tokens, max(0, (-(-tokens // block) - 1) * block + 1 - written))
+
+    def context_tokens(self) -> int | None:
+        """The longest context one request decoding one token a pass can reach with every page: B · the most blocks n
+        with `pass_pages`(n·B, 1) ≤ pages (non-decreasing in n); None when every layer is windowed (no bound)."""
+        if self.windows[0] != 0:
+            return None
+        block = self.block_tokens
+        lo, hi = 0, self.pages * PAGE_PARTS // self.parts[0] + 1  # at hi the full group alone needs more than the pages
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.pass_pages(mid * block, 1) <= self.pages else (lo, mid)
+        return lo * block
 
     def swap_us(self, pages: int) -> float:
         """Moving `pages` pages over the host link one way: latency + bytes / bandwidth."""
@@ -87,13 +156,22 @@ class KVBudget:
         return {
             "pages": self.pages,
             "block_tokens": self.block_tokens,
-            "capacity_tokens": self.pages * self.block_tokens,
+            "capacity_tokens": self.context_tokens(),
             "preemption": self.preemption,
             "page_bytes": self.page_bytes,
             "usable_gb": self.usable_gb,
             "weights_gb": self.weights_gb,
             "device": self.device,
             "host_link": self.host_link.key if self.host_link is not None else None,
+        } | self._describe_windows()
+
+    def _describe_windows(self) -> dict[str, Any]:
+        """The KV-cache groups of a windowed model (none without windows)."""
+        if self.windows == FULL_ONLY[0]:
+            return {}
+        return {
+            "kv_groups": [{"window": w, "page_share": p / PAGE_PARTS} for w, p in zip(self.windows, self.parts, strict=True)],
+            "kv_counting": "a windowed group keeps the blocks from the window of each pass's first query on (vLLM's SlidingWindowManager)",
         }
 
 
@@ -109,8 +187,9 @@ def kv_budget(
     """The pages of the first device (see the module docstring); `section.pages` > 0 overrides
     the device. A target whose weights leave no room is a one-line error naming the model, the
     format and the device."""
+    groups = FULL_ONLY if target is None else kv_groups(_bytes_by_window(target, draft, parallel, section.kv_bytes_per_element))
     if section.pages and section.preemption != "swap":
-        return KVBudget(section.pages, section.block_tokens, section.preemption)
+        return KVBudget(section.pages, section.block_tokens, section.preemption, windows=groups[0], parts=groups[1])
     if target is None or device is None:
         raise ConfigError(
             "pages from a device's memory, and swapping, need the target model and its device ([target] model, profile or device)"
@@ -133,37 +212,56 @@ def kv_budget(
         )
     if section.preemption == "swap" and host_link is None:
         raise ConfigError(f"preemption 'swap' needs a host link; {device.name} has none in the device catalog")
-    return KVBudget(pages, section.block_tokens, section.preemption, page_bytes, usable / 1e9, weights / 1e9, device.key, host_link)
+    usable_gb, weights_gb = usable / 1e9, weights / 1e9
+    return KVBudget(pages, section.block_tokens, section.preemption, page_bytes, usable_gb, weights_gb, device.key, host_link, *groups)
+
+
+def _bytes_by_window(target: ModelPreset, draft: ModelPreset | None, parallel: Parallelism, bytes_per_element: float) -> dict[int, float]:
+    """KV bytes per token on the first device by window: the target's layers (`Parallelism.kv_bytes_by_window`), the draft's."""
+    out = dict(parallel.kv_bytes_by_window(target, bytes_per_element))
+    if draft is not None:
+        for window, per_token in draft.by_window(lambda attention: attention.kv_cache_bytes_per_token(bytes_per_element)):
+            out[window] = out.get(window, 0.0) + per_token
+    return out
 
 
 class KVCache:
-    """The free pages of a run; requests hold theirs in `kv_pages`."""
+    """The free pages of a run; requests hold theirs in `kv_pages`, for the blocks of their first `kv_tokens`
+    positions (`block_top` of the most they have written, drafts included)."""
 
-    __slots__ = ("block_tokens", "capacity", "free")
+    __slots__ = ("block_tokens", "capacity", "free", "parts", "windowed", "windows")
 
-    def __init__(self, pages: int, block_tokens: int) -> None:
-        self.capacity = pages
-        self.block_tokens = block_tokens
-        self.free = pages
+    def __init__(self, budget: KVBudget) -> None:
+        self.capacity = budget.pages
+        self.block_tokens = budget.block_tokens
+        self.windows, self.parts = budget.windows, budget.parts
+        self.windowed = budget.windows != FULL_ONLY[0]  # without windows no block is ever dropped
+        self.free = budget.pages
 
-    def pages_for(self, tokens: int) -> int:
-        """⌈tokens / block⌉."""
-        return -(-tokens // self.block_tokens)
-
-    def grow(self, request: Any, tokens: int) -> bool:
-        """Give the request pages for `tokens` KV positions; False (nothing taken) if too few are free."""
-        extra = -(-tokens // self.block_tokens) - request.kv_pages
+    def grow(self, request: Any, tokens: int, computed: int) -> bool:
+        """The blocks before the request's windows dropped (`computed` positions written), then pages for `tokens`
+        positions (`kv_pages`); False (nothing more taken) if too few are free."""
+        top = max(block_top(tokens, self.block_tokens), request.kv_tokens)
+        held = request.kv_pages
+        if self.windowed:
+            held = kv_pages(request.kv_tokens, computed, self.block_tokens, self.windows, self.parts)
+            self.free += request.kv_pages - held
+            request.kv_pages = held
+        elif top == request.kv_tokens:
+            return True  # no window, no new block: its pages stay
+        extra = kv_pages(top, computed, self.block_tokens, self.windows, self.parts) - held
         if extra > self.free:
             return False
-        if extra > 0:
-            self.free -= extra
-            request.kv_pages += extra
+        self.free -= extra
+        request.kv_pages = held + extra
+        request.kv_tokens = top
         return True
 
     def release(self, request: Any) -> None:
         """Every page of the request back to the pool."""
         self.free += request.kv_pages
         request.kv_pages = 0
+        request.kv_tokens = 0
 
 
 RECORD_BYTES_PER_STEP = 160  # the server's records per request and iteration (Python lists), measured order
@@ -192,17 +290,20 @@ def check_study(requests: float, tokens: float, cells: int) -> None:
         )
 
 
-def check_longest_request(budget: KVBudget, workload: Any, policies: list[Any]) -> None:
+def check_longest_request(budget: KVBudget, workload: Any, policies: list[Any], chunk_tokens: int = 0) -> None:
     """Refuse pages too few for the longest request of the workload alone (its prompt and output,
     and the widest verify pass of the policies): it would wait for ever and the run 'complete'
-    without it."""
+    without it. Its widest passes are a verify pass and a prefill of its whole context (a recompute
+    after a preemption), `chunk_tokens` at a time when prefill is chunked (`KVBudget.pass_pages`)."""
     longest_tokens = max(p + o for p, o in zip(workload.prompts, workload.outputs, strict=True))
     verify_tokens = max(p.k_cap for p in policies) + 1
     tokens = longest_tokens + verify_tokens
-    needed = -(-tokens // budget.block_tokens)
+    needed = max(budget.pass_pages(tokens, verify_tokens), budget.pass_pages(tokens, chunk_tokens or tokens))
     if needed > budget.pages:
+        context = budget.context_tokens()
+        held = context if context is not None else "any number of"  # every layer windowed
         raise ConfigError(
-            f"{budget.pages} pages of {budget.block_tokens} tokens hold {budget.pages * budget.block_tokens} tokens; the longest "
+            f"{budget.pages} pages of {budget.block_tokens} tokens hold {held} tokens; the longest "
             f"request needs {tokens} ({needed} pages: prompt and output {longest_tokens}, a verify pass of {verify_tokens}), so "
             "it could never run"
         )

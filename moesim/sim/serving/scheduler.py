@@ -76,7 +76,7 @@ class Scheduler:
         self.queue = queue
         self.max_batch = max_batch
         budget = scheduling.kv
-        self.kv = KVCache(budget.pages, budget.block_tokens) if budget is not None else None
+        self.kv = KVCache(budget) if budget is not None else None
         self.preemptions = 0
         self.max_running = 0
         self._admissions = 0
@@ -89,17 +89,18 @@ class Scheduler:
         plan = Plan()
         victims = plan.victims
         if kv is not None:
-            block = kv.block_tokens
+            block, windowed = kv.block_tokens, kv.windowed
             for i, request in enumerate(active):
-                tokens = request.prompt_tokens + request.decoded + ks[i] + 1
-                if -(-tokens // block) > request.kv_pages and request not in victims:
-                    self._grow(request, tokens, active, prefilling, plan)
+                written = request.prompt_tokens + request.decoded
+                # without windows no block is dropped: a request's pages change only when its pass reaches a new block
+                if (windowed or -(-(written + ks[i] + 1) // block) > request.kv_pages) and request not in victims:
+                    self._grow(request, written + ks[i] + 1, written, active, prefilling, plan)
         left = self.scheduling.token_budget - sum(ks) - len(ks)
         for request in prefilling:
             if request in victims or left <= 0:
                 continue
             tokens = min(request.prefill_target - request.prefilled, left)
-            if self._grow(request, request.prefilled + tokens, active, prefilling, plan):
+            if self._grow(request, request.prefilled + tokens, request.prefilled, active, prefilling, plan):
                 plan.chunks.append((request, request.prefilled, tokens))
                 left -= tokens
         if victims:
@@ -113,20 +114,21 @@ class Scheduler:
                 break
             request = queue[0]
             if request.swapped:
-                if not kv.grow(request, request.prompt_tokens + request.decoded):  # type: ignore[union-attr]
+                written = request.prompt_tokens + request.decoded
+                if not kv.grow(request, written, written):  # type: ignore[union-attr]
                     break
                 plan.swap_us += self.scheduling.kv.swap_us(request.kv_pages)  # type: ignore[union-attr]
                 request.swapped = False
                 plan.resumed.append(request)
             elif chunked:
                 tokens = min(request.prefill_target, left)
-                if kv is not None and not kv.grow(request, tokens):
+                if kv is not None and not kv.grow(request, tokens, 0):
                     break
                 plan.chunks.append((request, 0, tokens))
                 prefilling.append(request)
                 left -= tokens
             else:
-                if kv is not None and not kv.grow(request, request.prefill_target):
+                if kv is not None and not kv.grow(request, request.prefill_target, 0):
                     break
                 plan.admitted.append(request)
                 plan.prefill_us += prefill_cost(request.prefill_target)
@@ -139,13 +141,13 @@ class Scheduler:
         plan.active, plan.ks, plan.preempted = active, ks, len(victims)
         return plan
 
-    def _grow(self, request: Request, tokens: int, active: list[Request], prefilling: list[Request], plan: Plan) -> bool:
-        """Pages for `tokens` positions of `request`, preempting the youngest running request while
-        too few are free (False: the request preempted itself)."""
+    def _grow(self, request: Request, tokens: int, computed: int, active: list[Request], prefilling: list[Request], plan: Plan) -> bool:
+        """Pages for `tokens` positions of `request` (`computed` written before the pass), preempting the youngest
+        running request while too few are free (False: the request preempted itself)."""
         kv = self.kv
         if kv is None:
             return True
-        while not kv.grow(request, tokens):
+        while not kv.grow(request, tokens, computed):
             victim = max((r for r in (*active, *prefilling) if r not in plan.victims), key=lambda r: r.admit_seq)
             plan.swap_us += self._preempt(victim)
             plan.victims.append(victim)
@@ -202,5 +204,5 @@ class Scheduler:
             **budget.describe(),
             "preemptions": self.preemptions,
             "max_running": self.max_running,
-            "max_batch_full_length": budget.pages // self.kv.pages_for(longest_request_tokens),
+            "max_batch_full_length": budget.pages // budget.pass_pages(longest_request_tokens, 1),
         }

@@ -64,6 +64,7 @@ class Request:
         "finish_us",
         "first_token_us",
         "kv_pages",
+        "kv_tokens",
         "output_tokens",
         "policy_state",
         "pos",
@@ -99,6 +100,7 @@ class Request:
         self.trace_start = -1
         self.wraps = 0
         self.kv_pages = 0  # KV-cache pages held (memory modelled)
+        self.kv_tokens = 0  # the positions they are for (whole blocks of the most it has written, drafts included)
         self.prefill_target = prompt_tokens  # positions to prefill: the prompt, or what a preemption lost
         self.prefilled = 0  # positions prefilled so far (chunked prefill)
         self.swapped = False  # preempted with its KV swapped to the host

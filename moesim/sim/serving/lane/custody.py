@@ -143,7 +143,8 @@ class Lane:
         wide = cap * (server.k_cap + 1) + 2 * cap * (wraps + 1) + 8
         blocks = cap * wraps + 2
         self.work = (
-            np.zeros(cap, np.int64), np.zeros(3 * cap, np.int64), np.zeros(wide, np.int64), np.zeros(wide, np.int64),
+            np.zeros(cap, np.int64), np.zeros(3 * cap, np.int64), np.zeros(3 * cap, np.int64), np.zeros(wide, np.int64),
+            np.zeros(wide, np.int64),
             np.zeros(blocks, np.int64), np.zeros(blocks, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
             np.zeros(cap, np.int64), np.zeros(2 * cap, np.int64), np.zeros(2 * cap, np.int64), np.zeros(cap, np.int64),
             np.zeros(cap, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
@@ -159,6 +160,7 @@ class Lane:
         scheduling = server.scheduling
         kv = server.scheduler.kv
         self.kv = np.array([kv.free if kv else 0, kv.capacity if kv else 0, kv is not None], np.int64)
+        self.groups = (np.array(kv.windows if kv else (0,), np.int64), np.array(kv.parts if kv else (1,), np.int64))
         budget = scheduling.kv
         self.fl = np.array([0.0, 0.0, 0.0, 1.0, 0.0, math.inf])  # swap (see kernel: SWAP_ON ..), the arrival clock
         if budget is not None and budget.preemption == "swap" and budget.host_link is not None:
@@ -405,8 +407,9 @@ class Lane:
                 tables = cost.model.pass_tables
                 t, dense, comm = tables.arrays(), tables.dense, tables.comm
             status, done, end = serve(
-                self.st, self.sf, self.draws, self.lists, cnt, self.cfg, self.fl, self.kv, self.work, self.tables, t, dense, comm,
-                self.experts, self.region, self.scratch, self.out_f, self.out_i, self.steps, self.fin, clock, duration_us, most,
+                self.st, self.sf, self.draws, self.lists, cnt, self.cfg, self.fl, self.kv, self.groups, self.work, self.tables, t,
+                dense, comm, self.experts, self.region, self.scratch, self.out_f, self.out_i, self.steps, self.fin, clock, duration_us,
+                most,
             )  # fmt: skip
             self._issued()
             if done or status in (STOP, MORE):

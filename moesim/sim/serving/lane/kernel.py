@@ -10,13 +10,17 @@ import numpy as np
 
 from moesim.kernels.jit import njit
 from moesim.sim.cost.fast_pass import NEED_PYTHON, NEED_TABLE, STRAY_ID, pass_total_us
+from moesim.sim.serving.memory import block_top, kv_pages
+
+pages_of, top_of = njit(kv_pages), njit(block_top)  # the scheduler's page count and the blocks' positions, compiled
 
 MORE, STOP, REFILL, TABLE, BAD_IDS, PENDING, PREFILL, LADDER = range(8)
 # per request row: the Request attributes synced both ways, then the lane's own
-FIELDS = ("remaining", "decoded", "pos", "pos_start", "pos_end", "wraps", "kv_pages", "prompt_tokens", "prefilled", "prefill_target",
-          "admit_seq", "swapped", "preemptions")  # fmt: skip
-REMAINING, DECODED, POS, POS_START, POS_END, WRAPS, KV_PAGES, PROMPT, PREFILLED, TARGET, ADMIT_SEQ, SWAPPED, PREEMPTIONS = range(13)
-SEQ, SEQ_ROW, RID, DRAW_AT, DRAW_LEN = range(13, 18)
+FIELDS = ("remaining", "decoded", "pos", "pos_start", "pos_end", "wraps", "kv_pages", "kv_tokens", "prompt_tokens", "prefilled",
+          "prefill_target", "admit_seq", "swapped", "preemptions")  # fmt: skip
+REMAINING, DECODED, POS, POS_START, POS_END, WRAPS, KV_PAGES, KV_TOKENS, PROMPT, PREFILLED, TARGET, ADMIT_SEQ, SWAPPED = range(13)
+PREEMPTIONS = 13
+SEQ, SEQ_ROW, RID, DRAW_AT, DRAW_LEN = range(14, 19)
 ARRIVAL, FIRST, FINISH, PREFILL_COST = range(4)  # float columns
 ACT, PRE, QUE, PEND = range(4)  # the lane's lists of rows
 # counters: list lengths, queue and pending heads/tails, admissions, most running, issued, steps, finished, what a stop asks,
@@ -87,7 +91,7 @@ def finish(r, st, sf, lists, cnt, kv, fin, clock, closed, total):
     request made ahead arrives (queued)."""
     sf[FINISH, r] = clock
     kv[0] += st[KV_PAGES, r]
-    st[KV_PAGES, r] = 0
+    st[KV_PAGES, r] = st[KV_TOKENS, r] = 0
     fin[cnt[N_FIN]] = r
     cnt[N_FIN] += 1
     if closed and (total == 0 or cnt[ISSUED] < total) and cnt[P_HEAD] < cnt[P_TAIL]:
@@ -103,6 +107,16 @@ def finish(r, st, sf, lists, cnt, kv, fin, clock, closed, total):
 def swap_us(fl, pages):
     """`KVBudget.swap_us` compiled: latency + pages · page bytes / bandwidth."""
     return fl[LINK_US] + pages * fl[PAGE_BYTES] / (fl[LINK_GBPS] * 1e3)
+
+
+@njit
+def drop_skipped(pages, tops, slot, written, block, wins, parts, free):
+    """The scheduler's `KVCache.grow` dropping the blocks before a slot's windows (`written` positions
+    written), tentatively; returns the free pages."""
+    held = pages_of(tops[slot], written, block, wins, parts)
+    free += pages[slot] - held
+    pages[slot] = held
+    return free
 
 
 @njit
@@ -162,7 +176,7 @@ def preempt(st, sf, lists, cnt, victims, n_vict, fl):
             st[TARGET, r] = st[PROMPT, r] + st[DECODED, r]
             st[PREFILLED, r] = 0
             sf[PREFILL_COST, r] = math.nan  # its new prefill's cost: asked of Python where unknown
-        st[KV_PAGES, r] = 0
+        st[KV_PAGES, r] = st[KV_TOKENS, r] = 0
         head -= 1
         lists[QUE, head] = r
     cnt[Q_HEAD], cnt[Q_TAIL] = head, tail
@@ -170,7 +184,7 @@ def preempt(st, sf, lists, cnt, victims, n_vict, fl):
 
 @njit
 def serve(
-    st, sf, draws, lists, cnt, cfg, fl, kv, work, tables, t, dense, comm, experts, region, scratch, out_f, out_i, steps, fin, clock,
+    st, sf, draws, lists, cnt, cfg, fl, kv, groups, work, tables, t, dense, comm, experts, region, scratch, out_f, out_i, steps, fin, clock,
     duration, max_iters,
 ):  # fmt: skip
     """Run up to max_iters server iterations (see the module docstring); returns (status, iterations, clock).
@@ -184,8 +198,11 @@ def serve(
     extended, max_batch, closed, total, region_rows, stride = cfg[8], cfg[9], cfg[10], cfg[11], cfg[12], cfg[13]
     open_loop, limit = cfg[14], cfg[15]
     verify_tab, draft_tab = tables
-    ks, pages, rows, lengths, lo, hi, chunk_row, chunk_tokens, admitted, victim, victims, chunk_slot, kinds, live, live_ks, resumed = work
+    ks, pages, tops, rows, lengths, lo, hi, chunk_row, chunk_tokens, admitted, victim, victims, chunk_slot, kinds, live, live_ks = work[:16]
+    resumed = work[16]
     kv_on = kv[2]
+    wins, parts = groups  # the KV-cache groups' windows and shares of a page (`KVCache`)
+    windowed = wins.shape[0] > 1 or wins[0] != 0  # else no block is ever dropped (`KVCache.windowed`)
     out = np.zeros(2)
     done = 0
     while done < max_iters:
@@ -220,23 +237,29 @@ def serve(
         swap = 0.0
         for i in range(n):
             victim[i] = 0
-            pages[i] = st[KV_PAGES, act[i]]
+            pages[i], tops[i] = st[KV_PAGES, act[i]], st[KV_TOKENS, act[i]]
         for j in range(n_pre):
             victim[max_batch + j] = 0
-            pages[max_batch + j] = st[KV_PAGES, lists[PRE, j]]
+            pages[max_batch + j], tops[max_batch + j] = st[KV_PAGES, lists[PRE, j]], st[KV_TOKENS, lists[PRE, j]]
         if kv_on:  # the decoding requests' pages, oldest first, preempting the youngest while too few are free
             for i in range(n):
                 if victim[i]:
                     continue
                 r = act[i]
-                need = -(-(st[PROMPT, r] + st[DECODED, r] + ks[i] + 1) // block)
+                written = st[PROMPT, r] + st[DECODED, r]
+                top = max(top_of(written + ks[i] + 1, block), tops[i])
+                if windowed:
+                    free = drop_skipped(pages, tops, i, written, block, wins, parts, free)
+                elif top == tops[i]:
+                    continue  # no window, no new block: its pages stay
+                need = pages_of(top, written, block, wins, parts)
                 if need > pages[i]:
                     n_vict, free, swap = make_room(
                         st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl, i, need, free, swap
                     )
-                    if not victim[i]:
-                        free -= need - pages[i]
-                        pages[i] = need
+                if not victim[i]:
+                    free -= need - pages[i]
+                    pages[i], tops[i] = need, top
         n_chunks = 0
         n_admitted = 0
         n_new = 0  # admitted into prefill (chunked)
@@ -252,15 +275,17 @@ def serve(
                 r = lists[PRE, j]
                 tokens = min(st[TARGET, r] - st[PREFILLED, r], left)
                 if kv_on:
-                    need = -(-(st[PREFILLED, r] + tokens) // block)
+                    if windowed:
+                        free = drop_skipped(pages, tops, slot, st[PREFILLED, r], block, wins, parts, free)
+                    top = max(top_of(st[PREFILLED, r] + tokens, block), tops[slot])
+                    need = pages_of(top, st[PREFILLED, r], block, wins, parts)
                     n_vict, free, swap = make_room(
                         st, sf, lists, n, n_pre, max_batch, pages, victim, victims, n_vict, fl, slot, need, free, swap
                     )
                     if victim[slot]:
                         continue
-                    if need > pages[slot]:
-                        free -= need - pages[slot]
-                        pages[slot] = need
+                    free -= need - pages[slot]
+                    pages[slot], tops[slot] = need, top
                 chunk_row[n_chunks], chunk_tokens[n_chunks], chunk_slot[n_chunks] = r, tokens, slot
                 n_chunks += 1
                 left -= tokens
@@ -277,11 +302,12 @@ def serve(
                 r = lists[QUE, q]
                 a = n_new + n_admitted + n_res
                 if st[SWAPPED, r]:
-                    need = -(-(st[PROMPT, r] + st[DECODED, r]) // block)
-                    if need - st[KV_PAGES, r] > free:
+                    written = st[PROMPT, r] + st[DECODED, r]
+                    need = pages_of(written, written, block, wins, parts)  # a queued request holds no pages
+                    if need > free:
                         break
-                    free -= max(need - st[KV_PAGES, r], 0)
-                    pages[2 * max_batch + a] = max(need, st[KV_PAGES, r])
+                    free -= need
+                    pages[2 * max_batch + a], tops[2 * max_batch + a] = need, top_of(written, block)
                     swap += swap_us(fl, pages[2 * max_batch + a])
                     kinds[a] = 2
                     resumed[n_res] = r
@@ -291,11 +317,11 @@ def serve(
                 tokens = min(st[TARGET, r], left) if chunked else st[TARGET, r]
                 need = 0
                 if kv_on:
-                    need = -(-tokens // block)
-                    if need - st[KV_PAGES, r] > free:
+                    need = pages_of(tokens, 0, block, wins, parts)  # a queued request holds no pages
+                    if need > free:
                         break
-                    free -= max(need - st[KV_PAGES, r], 0)
-                pages[2 * max_batch + a] = max(need, st[KV_PAGES, r])
+                    free -= need
+                pages[2 * max_batch + a], tops[2 * max_batch + a] = need, top_of(tokens, block)
                 if chunked:
                     chunk_row[n_chunks], chunk_tokens[n_chunks], chunk_slot[n_chunks] = r, tokens, -1
                     n_chunks += 1
@@ -400,21 +426,21 @@ def serve(
         kept = 0
         for i in range(n):
             if not victim[i]:
-                st[KV_PAGES, act[i]] = pages[i]
+                st[KV_PAGES, act[i]], st[KV_TOKENS, act[i]] = pages[i], tops[i]
                 act[kept] = act[i]
                 kept += 1
         kept = 0
         for j in range(n_pre):
             if not victim[max_batch + j]:
                 r = lists[PRE, j]
-                st[KV_PAGES, r] = pages[max_batch + j]
+                st[KV_PAGES, r], st[KV_TOKENS, r] = pages[max_batch + j], tops[max_batch + j]
                 lists[PRE, kept] = r
                 kept += 1
         n_pre_live = kept
         for a in range(n_new + n_admitted + n_res):
             r = lists[QUE, cnt[Q_HEAD] + a]
             if kv_on:
-                st[KV_PAGES, r] = pages[2 * max_batch + a]
+                st[KV_PAGES, r], st[KV_TOKENS, r] = pages[2 * max_batch + a], tops[2 * max_batch + a]
             if extended:  # the scheduler's admission order
                 cnt[ADMISSIONS] += 1
                 st[ADMIT_SEQ, r] = cnt[ADMISSIONS]

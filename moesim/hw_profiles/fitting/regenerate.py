@@ -28,10 +28,10 @@ from moesim.hw_profiles.schema import profile_to_toml
 def engine_builtins(table: Path = PUBLIC_TABLE) -> tuple[dict[str, HardwareProfile], dict[str, EngineFit]]:
     """Every engine built-in by name, and the fits of the calibrated ones (their profiles without the engine's FLOP floors)."""
     fits = {item.name: fit_recipe(item, table) for item in RECIPES}
-    profiles = {}
-    for item in RECIPES:  # a family whose rows gave no FLOP rate takes the rate the engine reaches on its other devices
-        parts = engine_parts(item.engine, table, "dispatch")
-        profiles[item.name] = engine_floors(parts, device_rows(item, table, "dispatch"), fits[item.name].profile)
+    parts = {engine: engine_parts(engine, table, "dispatch") for engine in {item.engine for item in RECIPES}}
+    profiles = {  # a family whose rows gave no FLOP rate takes the rate the engine reaches on its other devices
+        item.name: engine_floors(parts[item.engine], device_rows(item, table, "dispatch"), fits[item.name].profile) for item in RECIPES
+    }
     bounds = pair_bounds({**fits, **{item.name: fit_recipe(item, table) for item in VALIDATION}})
     specs = catalog()
     for item in SCALED:

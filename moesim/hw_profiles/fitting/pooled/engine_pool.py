@@ -120,8 +120,9 @@ def reached_tflops(theta_compute: float, theta_tile: float, tensor_tflops: float
 
 
 def engine_floors(parts: list[DeviceRows], target: DeviceRows, profile: HardwareProfile) -> HardwareProfile:
-    """The target's profile with, on each family without a FLOP rate of its own (all compute rates inf;
-    not a mat-vec kernel, whose FLOPs ride on its reads), the rate the pooled fit over the engine's
+    """The target's profile with, on each family without a rate of useful FLOPs of its own (all compute
+    rates inf, a rate of its whole tiles may stand; not a mat-vec kernel, whose FLOPs ride on its
+    reads), the rate the pooled fit over the engine's
     other devices reaches on the target's datasheet (`reached_tflops`) as its FLOP ceiling, where it
     is below the peak (else it never binds); a note says where each comes from."""
     wanted = [
@@ -143,7 +144,7 @@ def engine_floors(parts: list[DeviceRows], target: DeviceRows, profile: Hardware
             continue
         families[name] = dataclasses.replace(family, floor_tflops=rate)
         notes.append(
-            f"{name}'s rows do not give its FLOP rate: its time is floored at {rate:.3g} TFLOP/s, transferred: the pooled "
+            f"{name}'s rows do not give its rate of useful FLOPs: its time is floored at {rate:.3g} TFLOP/s, transferred: the pooled "
             f"{pool.engine.name} fit over the rows of {devices} in {PUBLIC_TABLE.as_posix()} (fixed times per dispatch era), "
             f"at this device's datasheet ({target.spec.tensor_tflops:g} TFLOP/s / (θ_compute {theta[0]:.3f} + θ_tile {theta[1]:.3f}))"
         )
